@@ -1,0 +1,194 @@
+"""A simulated GPU cluster for one model: replicas, warm slots and idle nodes, with their GPU cost.
+
+One replica needs one GPU slot. A new replica lands, in this order of preference, on:
+1. a ready warm slot (a placeholder pod is preempted): ready after its start-up time;
+2. an idle node slot (freed recently, not yet removed by the cluster autoscaler): start-up time;
+3. a placeholder still waiting for its node: that node's arrival, then start-up;
+4. a new node: node provisioning, then start-up.
+Start-up and provisioning times are drawn with jitter from a seeded RNG (deterministic).
+Scale-down removes the newest (least ready) replicas first; a freed slot goes to a pending placeholder if
+one waits, else idles for `node_idle_timeout_s` (cluster-autoscaler's scale-down-unneeded-time, 10 min).
+
+GPU cost, all counted: replicas from creation (warming) to removal (serving), placeholders from request to
+removal or preemption (warm pool), idle nodes until reused or removed (idle).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.types import ClusterState
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    startup_s: float = 120.0
+    startup_jitter_ratio: float = 0.25  # start-up ~ U(1 - j/2, 1 + j) x startup_s
+    node_provisioning_s: float = 300.0
+    node_jitter_ratio: float = 0.2
+    node_idle_timeout_s: float = 600.0
+    seed: int = 3
+
+
+@dataclass
+class Costs:
+    warming_s: float = 0.0
+    serving_s: float = 0.0
+    warm_pool_s: float = 0.0
+    idle_s: float = 0.0
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return (self.warming_s + self.serving_s + self.warm_pool_s + self.idle_s) / 3600.0
+
+
+@dataclass
+class _Pod:
+    created_s: float
+    ready_s: float
+
+
+@dataclass
+class SimCluster:
+    model: ClusterModel
+    now: float
+    pods: list[_Pod] = field(default_factory=list)  # sorted by ready_s
+    warm_ready: list[float] = field(default_factory=list)  # creation times
+    warm_pending: list[tuple[float, float]] = field(default_factory=list)  # (created, node ready)
+    idle: list[tuple[float, float]] = field(default_factory=list)  # (freed, expires)
+    costs: Costs = field(default_factory=Costs)
+    scaling_actions: int = 0
+    _startups_seen: list[float] = field(default_factory=list)
+    _reported_until: float = -1e18
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.model.seed)
+
+    @classmethod
+    def started(cls, model: ClusterModel, *, replicas: int, now: float) -> "SimCluster":
+        cluster = cls(model=model, now=now)
+        cluster.pods = [_Pod(now, now) for _ in range(replicas)]
+        return cluster
+
+    # -- time -------------------------------------------------------------------------------------------
+    def _startup(self) -> float:
+        j = self.model.startup_jitter_ratio
+        return self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)
+
+    def _provisioning(self) -> float:
+        j = self.model.node_jitter_ratio
+        return self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
+
+    def advance(self, now: float) -> None:
+        """Expire idle nodes and land pending placeholders up to `now`."""
+        kept = []
+        for freed, expires in self.idle:
+            if expires <= now:
+                self.costs.idle_s += expires - freed
+            else:
+                kept.append((freed, expires))
+        self.idle = kept
+        landed = [p for p in self.warm_pending if p[1] <= now]
+        if landed:
+            self.warm_pending = [p for p in self.warm_pending if p[1] > now]
+            self.warm_ready += [created for created, _ in landed]
+        self.now = now
+
+    # -- observation ----------------------------------------------------------------------------------------
+    def ready(self, at: float | None = None) -> int:
+        at = self.now if at is None else at
+        return bisect.bisect_right([p.ready_s for p in self.pods], at)
+
+    def ready_times_between(self, start: float, end: float) -> list[float]:
+        return [p.ready_s for p in self.pods if start < p.ready_s <= end]
+
+    def state(self) -> ClusterState:
+        ready = self.ready()
+        seen = tuple(
+            p.ready_s - p.created_s
+            for p in self.pods
+            if self._reported_until < p.ready_s <= self.now and p.ready_s > p.created_s
+        )
+        self._reported_until = self.now
+        return ClusterState(
+            spec_replicas=len(self.pods),
+            ready_replicas=ready,
+            starting_replicas=len(self.pods) - ready,
+            warm_slots_ready=len(self.warm_ready),
+            startup_durations_s=seen,
+            at_s=self.now,
+        )
+
+    # -- actions --------------------------------------------------------------------------------------------
+    def _free_slot(self) -> None:
+        if self.warm_pending:
+            created, _ = self.warm_pending.pop()
+            self.warm_ready.append(created)
+        else:
+            self.idle.append((self.now, self.now + self.model.node_idle_timeout_s))
+
+    def _take_idle(self) -> bool:
+        if not self.idle:
+            return False
+        freed, _ = self.idle.pop()
+        self.costs.idle_s += self.now - freed
+        return True
+
+    def _add_pod(self) -> None:
+        now = self.now
+        if self.warm_ready:
+            created = self.warm_ready.pop()
+            self.costs.warm_pool_s += now - created
+            ready = now + self._startup()
+        elif self._take_idle():
+            ready = now + self._startup()
+        elif self.warm_pending:
+            created, node_ready = self.warm_pending.pop(0)
+            self.costs.warm_pool_s += now - created
+            ready = node_ready + self._startup()
+        else:
+            ready = now + self._provisioning() + self._startup()
+        bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)
+
+    def _remove_pod(self) -> None:
+        pod = self.pods.pop()  # the least ready
+        self.costs.warming_s += min(self.now, pod.ready_s) - pod.created_s
+        self.costs.serving_s += max(0.0, self.now - pod.ready_s)
+        self._free_slot()
+
+    def scale_to(self, replicas: int) -> None:
+        replicas = max(0, replicas)
+        if replicas != len(self.pods):
+            self.scaling_actions += 1
+        while len(self.pods) < replicas:
+            self._add_pod()
+        while len(self.pods) > replicas:
+            self._remove_pod()
+
+    def warm_to(self, slots: int) -> None:
+        while len(self.warm_ready) + len(self.warm_pending) < slots:
+            if self._take_idle():
+                self.warm_ready.append(self.now)
+            else:
+                self.warm_pending.append((self.now, self.now + self._provisioning()))
+        while len(self.warm_ready) + len(self.warm_pending) > slots:
+            if self.warm_pending:
+                created, _ = self.warm_pending.pop()
+                self.costs.warm_pool_s += self.now - created
+            else:
+                created = self.warm_ready.pop()
+                self.costs.warm_pool_s += self.now - created
+                self.idle.append((self.now, self.now + self.model.node_idle_timeout_s))
+
+    def finish(self) -> Costs:
+        """Stop the clock: everything still running is billed up to now (idle nodes too)."""
+        while self.pods:
+            self._remove_pod()
+        self.warm_to(0)
+        for freed, expires in self.idle:
+            self.costs.idle_s += min(expires, self.now) - freed
+        self.idle = []
+        return self.costs

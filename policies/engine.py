@@ -1,0 +1,114 @@
+"""`decide(spec, state, signals, now) -> (Decision, PolicyState)`: the predictive policy.
+
+The stages of DESIGN.md in order: sanitize -> reactive -> lead time -> predictive -> combine -> bounds ->
+warm pool -> shedding. Every stage that changes the outcome adds a reason.
+
+Safety rules:
+- no cluster state, or neither a demand rate nor in-flight: `valid=False`, replicas = current; actuators
+  leave the cluster alone.
+- any other signal missing or stale: the decision may scale up, never down ("holding" reason).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from policies.queueing import servers_for
+from policies.spec import PolicySpec
+from policies.stages import forecast as fc
+from policies.stages.bounds import bound
+from policies.stages.combine import combine, remember_reactive
+from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
+from policies.stages.reactive import learn_service_time, reactive
+from policies.stages.sanitize import sanitize
+from policies.stages.shedding import shed_levels
+from policies.stages.warmpool import warm_slots
+from policies.types import Decision, PolicyState, Signals
+
+
+def replicas_for_rate(spec: PolicySpec, rate: float, service_s: float) -> int:
+    slots = servers_for(
+        rate_per_s=rate, service_s=service_s, wait_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio
+    )
+    return math.ceil(slots / spec.replica_concurrency)
+
+
+def initial_state() -> PolicyState:
+    return PolicyState()
+
+
+def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -> tuple[Decision, PolicyState]:
+    clean, counter = sanitize(spec, signals, state.last_counter, now)
+    state = replace(state, last_counter=counter)
+    dropped = list(clean.dropped)
+    cluster = clean.cluster
+    current = cluster.spec_replicas if cluster else (state.last_replicas or 0)
+    if cluster is None:
+        reasons = tuple(["hold: no usable cluster state"] + dropped)
+        return Decision(replicas=current, valid=False, reasons=reasons, shed=dict(state.shed)), state
+
+    service_s = learn_service_time(spec, state.service_time_s, clean)
+    forecast_state = fc.observe(spec, state.forecast, clean.arrival_rate_per_s, now)
+    samples = remember_startups(spec, state.startup_samples_s, clean)
+    state = replace(state, service_time_s=service_s, forecast=forecast_state, startup_samples_s=samples)
+    service_s = service_s or spec.initial_service_time_s
+
+    if clean.arrival_rate_per_s is None and clean.in_flight is None:
+        reasons = tuple(["hold: no demand signal (arrival rate and in-flight both unusable)"] + dropped)
+        return Decision(replicas=current, valid=False, reasons=reasons, shed=dict(state.shed)), state
+
+    startup = startup_s(spec, samples)
+    lead = lead_time_s(spec, startup, cluster.warm_slots_ready)
+    reasons: list[str] = []
+    reactive_n, why = reactive(spec, clean, service_s)
+    reasons += why
+    recent = remember_reactive(spec, state.reactive_recent, reactive_n, now)
+
+    predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s)
+    predictive_n = None
+    if predicted is not None:
+        predictive_n = replicas_for_rate(spec, predicted[1], service_s)
+        reasons.append(
+            f"predictive: {predictive_n} replicas for upper forecast {predicted[1]:.1f} req/s "
+            f"(mean {predicted[0]:.1f}, {forecast_state.kind}) at +{lead:.0f} s"
+        )
+    wanted, why = combine(spec, reactive=reactive_n, recent=recent, predictive=predictive_n)
+    reasons += why
+    if wanted is None:
+        return Decision(replicas=current, valid=False, reasons=tuple(["hold: nothing to size on"] + dropped)), state
+
+    replicas, recommendations, why = bound(
+        spec, wanted=wanted, current=current, recommendations=state.recommendations, lead_s=lead, now=now
+    )
+    reasons += why
+    if dropped and replicas < current:
+        replicas = current
+        reasons.append("hold: not scaling down while signals are missing")
+    reasons += [f"dropped {d}" for d in dropped]
+
+    peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s)
+    peak_n = replicas_for_rate(spec, peak[1], service_s) if peak else None
+    warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n)
+    reasons += why
+    shed, why = shed_levels(spec, clean, service_s)
+    reasons += why
+
+    decision = Decision(
+        replicas=replicas,
+        warm_slots=warm,
+        shed=shed,
+        forecast_rate_per_s=predicted[0] if predicted else None,
+        forecast_upper_rate_per_s=predicted[1] if predicted else None,
+        lead_time_s=lead,
+        reasons=tuple(reasons),
+    )
+    state = replace(
+        state,
+        last_replicas=replicas,
+        recommendations=recommendations,
+        reactive_recent=recent,
+        last_scale_up_s=now if replicas > current else state.last_scale_up_s,
+        shed=shed,
+    )
+    return decision, state

@@ -1,0 +1,88 @@
+"""The predictive policy's configuration: validated once, units in every name.
+
+Defaults follow from principles, not from any trace:
+- lead time: a GPU replica needs ~120 s to start (image pull, weight load, warm-up) and ~300 s more when a
+  node must be provisioned; the policy learns the start-up part from observed pod creation -> Ready times.
+- capacity: a replica serves `replica_concurrency` requests at once (vLLM's max_num_seqs); the number of
+  slots needed for an arrival rate is sized with Erlang C so that P(queue wait > SLO) stays under
+  `slo_miss_target_ratio`.
+- stabilization: never release capacity that could not come back before it may be needed again, so the
+  scale-down window is at least the full cold-start time.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PRIORITY_CLASSES: dict[str, int] = {"critical": 1, "standard": 0, "sheddable": -1}
+
+
+class PolicySpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_replicas: int = Field(1, ge=0, description="Never fewer replicas than this.")
+    max_replicas: int = Field(64, ge=1, description="Never more replicas than this.")
+    tick_s: float = Field(15.0, gt=0, le=300, description="Control-loop period.")
+    replica_concurrency: int = Field(16, ge=1, description="Requests one replica serves at once.")
+    initial_service_time_s: float = Field(
+        2.0, gt=0, description="Mean time a request occupies a slot, until learned from in-flight/arrivals."
+    )
+    slo_queue_wait_s: float = Field(2.0, gt=0, description="Queue-wait objective per request.")
+    slo_miss_target_ratio: float = Field(
+        0.001, gt=0, lt=0.5, description="Sizing target: modelled P(queue wait > SLO) at the forecast rate."
+    )
+    p99_latency_target_s: float | None = Field(
+        None, gt=0, description="If set, a measured p99 above it adds scale-up pressure."
+    )
+    gpu_memory_headroom_floor_ratio: float = Field(
+        0.05, ge=0, lt=1, description="Below this free KV-cache/GPU-memory fraction, add pressure."
+    )
+    target_tokens_per_s_per_replica: float | None = Field(
+        None, gt=0, description="If set, token rate is one more reactive signal."
+    )
+    max_signal_age_s: float = Field(60.0, gt=0, description="Older samples are stale and ignored.")
+    default_startup_s: float = Field(120.0, gt=0, description="Pod creation -> Ready, until learned.")
+    startup_percentile: float = Field(0.9, gt=0, lt=1, description="Learned lead time uses this percentile.")
+    startup_samples_kept: int = Field(50, ge=1)
+    node_provisioning_s: float = Field(300.0, ge=0, description="Added to lead time when no warm slot is free.")
+    forecast_bucket_s: float = Field(300.0, gt=0, description="Demand history resolution.")
+    season_s: float = Field(86400.0, gt=0, description="Seasonal period of demand (daily).")
+    seasonal_min_cycles: int = Field(2, ge=2, description="Full seasons of history before Holt-Winters.")
+    history_kept_s: float = Field(7 * 86400.0, gt=0)
+    refit_interval_s: float = Field(6 * 3600.0, gt=0, description="statsmodels refit schedule.")
+    burst_lookback_s: float = Field(3600.0, gt=0, description="Window of observed/expected rate ratios.")
+    burst_quantile: float = Field(0.99, gt=0.5, lt=1, description="Upper bound = forecast x this ratio quantile.")
+    burst_confirm_s: float = Field(
+        30.0, ge=0, description="Reactive need above the forecast must persist this long to be provisioned."
+    )
+    scale_up_limit_ratio: float = Field(1.0, gt=0, description="Per tick, add at most this fraction...")
+    scale_up_limit_replicas: int = Field(4, ge=1, description="...or this many replicas, whichever is more.")
+    scale_down_stabilization_s: float = Field(
+        600.0, ge=0, description="Scale down only to the max recommendation of this window (>= lead time)."
+    )
+    max_warm_slots: int = Field(8, ge=0, description="Upper bound on placeholder (warm) GPU slots.")
+    shed_priority_below: int = Field(
+        0, le=1, description="Only priorities below this are ever shed (Gateway API: negative = sheddable)."
+    )
+    priorities: dict[str, int] = Field(default_factory=lambda: dict(PRIORITY_CLASSES))
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "PolicySpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        if max(self.priorities.values(), default=0) < self.shed_priority_below:
+            raise ValueError(
+                f"shed_priority_below ({self.shed_priority_below}) would allow shedding the highest priority "
+                f"({max(self.priorities.values())}); the highest priority is never shed"
+            )
+        if self.forecast_bucket_s < self.tick_s:
+            raise ValueError(
+                f"forecast_bucket_s ({self.forecast_bucket_s}) must be >= tick_s ({self.tick_s})"
+            )
+        return self
+
+    @property
+    def season_buckets(self) -> int:
+        return max(1, round(self.season_s / self.forecast_bucket_s))

@@ -1,0 +1,41 @@
+"""Stage 6: min/max, scale-up rate limit, scale-down stabilization.
+
+- scale-up: at most max(`scale_up_limit_replicas`, `scale_up_limit_ratio` x current) more per tick, like the
+  HPA's default policies (4 pods or 100 % per period, the larger).
+- scale-down: to the highest recommendation within the stabilization window, which is never shorter than
+  the current lead time: capacity released now could not come back before then.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.spec import PolicySpec
+
+
+def bound(
+    spec: PolicySpec,
+    *,
+    wanted: int,
+    current: int,
+    recommendations: tuple[tuple[float, int], ...],
+    lead_s: float,
+    now: float,
+) -> tuple[int, tuple[tuple[float, int], ...], list[str]]:
+    reasons: list[str] = []
+    clamped = min(spec.max_replicas, max(spec.min_replicas, wanted))
+    if clamped != wanted:
+        reasons.append(f"bounds: {wanted} clamped to [{spec.min_replicas}, {spec.max_replicas}]")
+    window = max(spec.scale_down_stabilization_s, lead_s)
+    history = tuple(e for e in recommendations if now - e[0] < window) + ((now, clamped),)
+    result = clamped
+    if clamped < current:
+        stabilized = min(current, max(r for _, r in history))
+        if stabilized > clamped:
+            reasons.append(f"bounds: holding {stabilized} (highest need in the last {window:.0f} s)")
+        result = stabilized
+    limit = current + max(spec.scale_up_limit_replicas, math.ceil(spec.scale_up_limit_ratio * current))
+    if result > limit:
+        reasons.append(f"bounds: scale-up limited to {limit} this tick")
+        result = limit
+    return result, history, reasons

@@ -1,0 +1,171 @@
+"""Stage 4: forecast demand (arrival rate) at now + lead time, with an upper bound.
+
+History is kept as `forecast_bucket_s` means (5 min by default). The model depends on how much history
+exists:
+- fewer than 6 buckets: `level`, an exponentially weighted mean (no fit);
+- from 6 buckets: `holt`, statsmodels ExponentialSmoothing with a damped additive trend;
+- from `seasonal_min_cycles` seasons: `holt-winters`, the same plus additive seasonality (daily).
+statsmodels refits every `refit_interval_s` (and when the model kind changes); each closed bucket in
+between runs one step of the Holt-Winters recursion with the fitted parameters, which is exactly how the
+fitted filter itself would continue.
+
+The upper bound multiplies the point forecast by a high quantile of recent per-tick ratios observed rate /
+expected rate. Those ratios capture both model error and burstiness inside a bucket: for on/off traffic
+whose bursts run at 4x the bucket mean the bound sits near the burst level; for smooth traffic it is a few
+percent above the forecast.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+
+import numpy as np
+
+from policies.spec import PolicySpec
+from policies.types import ForecastState
+
+_HOLT_MIN_BUCKETS = 6
+_LEVEL_ALPHA = 0.5
+_MAX_RATIO = 50.0
+_MIN_RATIOS = 8
+
+
+def _step(fs: ForecastState, y: float) -> ForecastState:
+    """Advance the model by one observed bucket."""
+    if fs.kind == "none":
+        return replace(fs, kind="level", level=y)
+    if fs.kind == "level":
+        return replace(fs, level=fs.level + _LEVEL_ALPHA * (y - fs.level))
+    prev_level, prev_trend = fs.level, fs.trend
+    season_now = fs.season[fs.season_pos] if fs.season else 0.0
+    level = fs.alpha * (y - season_now) + (1 - fs.alpha) * (prev_level + fs.phi * prev_trend)
+    trend = fs.beta * (level - prev_level) + (1 - fs.beta) * fs.phi * prev_trend
+    if not fs.season:
+        return replace(fs, level=level, trend=trend)
+    s = fs.gamma * (y - prev_level - fs.phi * prev_trend) + (1 - fs.gamma) * season_now
+    season = fs.season[: fs.season_pos] + (s,) + fs.season[fs.season_pos + 1 :]
+    return replace(fs, level=level, trend=trend, season=season, season_pos=(fs.season_pos + 1) % len(season))
+
+
+def point(fs: ForecastState, steps: int) -> float:
+    """Mean rate `steps` buckets after the last closed one (1 = the bucket now open)."""
+    if fs.kind in ("none", "level"):
+        return max(0.0, fs.level)
+    damp = sum(fs.phi**i for i in range(1, steps + 1)) if fs.phi != 1.0 else float(steps)
+    seasonal = fs.season[(fs.season_pos + steps - 1) % len(fs.season)] if fs.season else 0.0
+    return max(0.0, fs.level + damp * fs.trend + seasonal)
+
+
+def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
+    from statsmodels.tsa.holtwinters import ExponentialSmoothing
+
+    y = np.asarray(fs.history, dtype=float)
+    m = spec.season_buckets
+    seasonal = len(y) >= spec.seasonal_min_cycles * m
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if seasonal:
+                model = ExponentialSmoothing(
+                    y, trend="add", damped_trend=True, seasonal="add", seasonal_periods=m,
+                    initialization_method="heuristic",
+                )
+            else:
+                model = ExponentialSmoothing(y, trend="add", damped_trend=True, initialization_method="estimated")
+            r = model.fit()
+        except (ValueError, np.linalg.LinAlgError):
+            return replace(fs, fitted_at_s=now)
+    p = r.params
+    values = [p["smoothing_level"], p["smoothing_trend"], p["damping_trend"], r.level[-1], r.trend[-1]]
+    if not all(math.isfinite(v) for v in values):
+        return replace(fs, fitted_at_s=now)
+    season: tuple[float, ...] = ()
+    gamma = 0.0
+    if seasonal:
+        season = tuple(float(v) for v in r.season[-m:])
+        gamma = float(p["smoothing_seasonal"])
+        if not all(math.isfinite(v) for v in season) or not math.isfinite(gamma):
+            return replace(fs, fitted_at_s=now)
+    return replace(
+        fs,
+        kind="holt-winters" if seasonal else "holt",
+        fitted_at_s=now,
+        alpha=float(values[0]), beta=float(values[1]), phi=float(values[2]),
+        level=float(values[3]), trend=float(values[4]),
+        gamma=gamma, season=season, season_pos=0,
+        resid_rmse=math.sqrt(float(r.sse) / len(y)),
+    )
+
+
+def _wanted_kind(spec: PolicySpec, n: int) -> str:
+    if n >= spec.seasonal_min_cycles * spec.season_buckets:
+        return "holt-winters"
+    if n >= _HOLT_MIN_BUCKETS:
+        return "holt"
+    return "level" if n else "none"
+
+
+def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
+    """Close the open bucket (and fill skipped ones with the model's own forecast) once `now` passed it."""
+    width = spec.forecast_bucket_s
+    if fs.bucket_start_s is None or now < fs.bucket_start_s + width:
+        return fs
+    kept = max(1, int(spec.history_kept_s / width))
+    values: list[float] = []
+    if fs.bucket_n:
+        values.append(fs.bucket_sum / fs.bucket_n)
+    skipped = int((now - fs.bucket_start_s) // width) - 1
+    for _ in range(min(skipped, spec.season_buckets)):
+        values.append(point(fs, 1) if fs.kind != "none" else 0.0)
+    for y in values:
+        fs = _step(fs, y)
+    history = (fs.history + tuple(values))[-kept:]
+    start = fs.bucket_start_s + (skipped + 1) * width
+    return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
+
+
+def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> ForecastState:
+    """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned)."""
+    fs = _close_buckets(spec, fs, now)
+    wanted = _wanted_kind(spec, len(fs.history))
+    due = fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
+    if wanted in ("holt", "holt-winters") and (wanted != fs.kind or due):
+        fs = _fit(spec, fs, now)
+    if rate is None:
+        return fs
+    if fs.bucket_start_s is None:
+        fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
+    ratios = fs.ratios
+    if fs.kind != "none":
+        expected = point(fs, 1)
+        if expected > 0 or rate > 0:
+            floor = 0.02 * max(fs.history[-12:], default=0.0)
+            ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
+            keep = max(_MIN_RATIOS, int(spec.burst_lookback_s / spec.tick_s))
+            ratios = (ratios + (ratio,))[-keep:]
+    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios)
+
+
+def burst_ratio(spec: PolicySpec, fs: ForecastState) -> float | None:
+    if len(fs.ratios) < _MIN_RATIOS:
+        return None
+    ordered = sorted(fs.ratios)
+    return ordered[min(len(ordered) - 1, int(spec.burst_quantile * len(ordered)))]
+
+
+def forecast(
+    spec: PolicySpec, fs: ForecastState, *, now: float, start_s: float, end_s: float
+) -> tuple[float, float] | None:
+    """(peak point forecast, upper bound) over [now + start_s, now + end_s]; None before any history."""
+    if fs.kind == "none" or fs.bucket_start_s is None:
+        return None
+    width = spec.forecast_bucket_s
+    first = max(1, 1 + math.floor((now + start_s - fs.bucket_start_s) / width))
+    last = max(first, 1 + math.floor((now + end_s - fs.bucket_start_s) / width))
+    peak = max(point(fs, h) for h in range(first, last + 1))
+    ratio = burst_ratio(spec, fs)
+    if ratio is None:
+        return peak, peak
+    return peak, peak * ratio

@@ -1,0 +1,61 @@
+"""Stage 2: replicas needed for what is happening now, the max over signals (the HPA multi-metric rule).
+
+- demand: Erlang C slots for the measured arrival rate at the learned service time, plus slots to drain
+  the current queue within the SLO (q requests x E[S] / SLO). E.g. 30 req/s x 2 s = 60 busy slots; with
+  16 slots per replica and a 2 s SLO at 0.1 % misses that is ~75 slots -> 5 replicas; a queue of 40 adds
+  40 x 2 / 2 = 40 slots -> 3 more.
+- p99 above its target adds 10 % (at least one replica) to what is ready.
+- GPU memory headroom below its floor scales ready replicas so usage falls back to 1 - floor.
+- token rate over a per-replica token target, when configured.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.queueing import servers_for
+from policies.spec import PolicySpec
+from policies.types import Clean
+
+
+def learn_service_time(spec: PolicySpec, previous: float | None, clean: Clean) -> float | None:
+    """Little's law on the servers: in-flight = throughput x E[S]. Only trusted when the queue is (nearly)
+    empty, so that throughput ~= arrival rate; smoothed because in-flight is an instantaneous gauge."""
+    inflight, rate, queue = clean.in_flight, clean.arrival_rate_per_s, clean.queue_depth
+    if inflight is None or rate is None or rate <= 0 or inflight < 1:
+        return previous
+    if queue is not None and queue > 1 + 0.05 * inflight:
+        return previous
+    sample = inflight / rate
+    return sample if previous is None else previous + 0.1 * (sample - previous)
+
+
+def reactive(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[int | None, list[str]]:
+    k = spec.replica_concurrency
+    ready = clean.cluster.ready_replicas if clean.cluster else 0
+    needs: list[tuple[int, str]] = []
+    rate, queue = clean.arrival_rate_per_s, clean.queue_depth
+    if rate is not None:
+        slots = servers_for(
+            rate_per_s=rate, service_s=service_s, wait_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio
+        )
+        drain = (queue or 0.0) * service_s / spec.slo_queue_wait_s
+        needs.append((math.ceil((slots + drain) / k), f"{rate:.1f} req/s x {service_s:.2f} s, queue {queue or 0:.0f}"))
+    elif clean.in_flight is not None:
+        # No demand rate: in-flight plus queue is a lower bound on busy slots.
+        busy = clean.in_flight + (queue or 0.0)
+        needs.append((math.ceil(busy / k), f"in-flight {clean.in_flight:.0f} + queue {queue or 0:.0f}"))
+    p99 = clean.p99_latency_s
+    if spec.p99_latency_target_s is not None and p99 is not None and p99 > spec.p99_latency_target_s:
+        needs.append((ready + max(1, math.ceil(0.1 * ready)), f"p99 {p99:.2f} s > {spec.p99_latency_target_s} s"))
+    headroom = clean.gpu_memory_headroom_ratio
+    floor = spec.gpu_memory_headroom_floor_ratio
+    if headroom is not None and headroom < floor and ready > 0:
+        needs.append((math.ceil(ready * (1 - headroom) / (1 - floor)), f"memory headroom {headroom:.2f} < {floor}"))
+    tokens = clean.token_rate_per_s
+    if spec.target_tokens_per_s_per_replica is not None and tokens is not None:
+        needs.append((math.ceil(tokens / spec.target_tokens_per_s_per_replica), f"{tokens:.0f} tokens/s"))
+    if not needs:
+        return None, []
+    replicas, why = max(needs, key=lambda n: n[0])
+    return replicas, [f"reactive: {replicas} replicas for {why}"]

@@ -1,0 +1,84 @@
+"""Stage 1: turn raw samples into trusted floats or None.
+
+A value that is NaN, negative, from the future or older than `max_signal_age_s` is dropped and named in
+`dropped`; it is never replaced by zero. A raw request counter that went down was reset (pod restart):
+that tick's rate is unknown."""
+
+from __future__ import annotations
+
+import math
+
+from policies.spec import PolicySpec
+from policies.types import Clean, Sample, Signals
+
+_FIELDS = ("queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s")
+
+
+def _value(sample: Sample | None, name: str, now: float, max_age_s: float, dropped: list[str]) -> float | None:
+    if sample is None:
+        return None
+    if not math.isfinite(sample.value) or sample.value < 0:
+        dropped.append(f"{name}: not a finite non-negative number ({sample.value!r})")
+        return None
+    age = now - sample.at_s
+    if age > max_age_s:
+        dropped.append(f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)")
+        return None
+    if age < 0:
+        dropped.append(f"{name}: sampled {-age:.0f} s in the future")
+        return None
+    return sample.value
+
+
+def counter_rate(
+    counter: Sample | None, last: tuple[float, float] | None, dropped: list[str]
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Rate from two readings of a monotonic counter, and the reading to remember."""
+    if counter is None or not math.isfinite(counter.value):
+        return None, last
+    current = (counter.value, counter.at_s)
+    if last is None or counter.at_s <= last[1]:
+        return None, current if last is None else last
+    if counter.value < last[0]:
+        dropped.append(f"arrivals_total: counter reset ({last[0]:.0f} -> {counter.value:.0f})")
+        return None, current
+    return (counter.value - last[0]) / (counter.at_s - last[1]), current
+
+
+def sanitize(
+    spec: PolicySpec, signals: Signals, last_counter: tuple[float, float] | None, now: float
+) -> tuple[Clean, tuple[float, float] | None]:
+    dropped: list[str] = []
+    age = spec.max_signal_age_s
+    values = {name: _value(getattr(signals, name), name, now, age, dropped) for name in _FIELDS}
+    rate = _value(signals.arrival_rate_per_s, "arrival_rate_per_s", now, age, dropped)
+    counter = signals.arrivals_total
+    if counter is not None and not counter.usable(now, age):
+        dropped.append("arrivals_total: stale or not finite")
+        counter = None
+    derived, last_counter = counter_rate(counter, last_counter, dropped)
+    if rate is None:
+        rate = derived
+    headroom = values["gpu_memory_headroom_ratio"]
+    if headroom is not None and headroom > 1.0:
+        dropped.append(f"gpu_memory_headroom_ratio: {headroom} is above 1")
+        values["gpu_memory_headroom_ratio"] = None
+    cluster = signals.cluster
+    if cluster is not None:
+        if min(cluster.spec_replicas, cluster.ready_replicas, cluster.starting_replicas) < 0:
+            dropped.append("cluster: negative replica count")
+            cluster = None
+        elif now - cluster.at_s > age:
+            dropped.append(f"cluster: stale ({now - cluster.at_s:.0f} s old)")
+            cluster = None
+    by_priority = {
+        k: v for k, v in signals.arrival_rate_by_priority.items() if math.isfinite(v) and v >= 0
+    }
+    clean = Clean(
+        cluster=cluster,
+        arrival_rate_per_s=rate,
+        arrival_rate_by_priority=by_priority,
+        dropped=tuple(dropped),
+        **values,
+    )
+    return clean, last_counter

@@ -1,0 +1,134 @@
+"""Values that flow through the decision core.
+
+Design: `decide(spec, state, signals, now)` is a pure function. Everything it needs arrives as one of the
+values below and everything it remembers leaves as a new `PolicyState`; nothing here reads a clock or does I/O.
+
+Invariants:
+- Every measured value is a `Sample` carrying the time it was taken, so staleness is judged against the `now`
+  passed in, never against a wall clock.
+- A missing value is `None`, never zero: "no data" and "no demand" are different facts.
+- All values are frozen: a decision can be replayed and compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One measured value and the time (seconds, same clock as `now`) it was sampled."""
+
+    value: float
+    at_s: float
+
+    def usable(self, now: float, max_age_s: float) -> bool:
+        return math.isfinite(self.value) and self.value >= 0.0 and 0.0 <= now - self.at_s <= max_age_s
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """What the Kubernetes API says about the target and its warm pool."""
+
+    spec_replicas: int
+    ready_replicas: int
+    starting_replicas: int = 0
+    unschedulable_pods: int = 0
+    warm_slots_ready: int = 0
+    # Creation -> Ready durations of pods that became Ready since the previous tick.
+    startup_durations_s: tuple[float, ...] = ()
+    at_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """One snapshot per tick. Demand signals (arrival, tokens) do not depend on the replica count; symptoms
+    (queue, in-flight, latency, memory) do."""
+
+    cluster: ClusterState | None = None
+    queue_depth: Sample | None = None
+    in_flight: Sample | None = None
+    p99_latency_s: Sample | None = None
+    gpu_memory_headroom_ratio: Sample | None = None
+    token_rate_per_s: Sample | None = None
+    arrival_rate_per_s: Sample | None = None
+    # Alternative to arrival_rate_per_s: a raw monotonic request counter; its rate is derived here and a
+    # decrease is treated as a counter reset (that tick's rate is unknown, not negative).
+    arrivals_total: Sample | None = None
+    # Per-priority arrival rates as the admission endpoint counts them (name -> req/s), for shedding.
+    arrival_rate_by_priority: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Clean:
+    """Signals after sanitizing: plain floats or None, plus what was dropped and why."""
+
+    cluster: ClusterState | None
+    queue_depth: float | None
+    in_flight: float | None
+    p99_latency_s: float | None
+    gpu_memory_headroom_ratio: float | None
+    token_rate_per_s: float | None
+    arrival_rate_per_s: float | None
+    arrival_rate_by_priority: Mapping[str, float]
+    dropped: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastState:
+    """Bucketed demand history and the fitted exponential-smoothing model.
+
+    The model is refitted by statsmodels on a schedule; between refits each closed bucket updates level,
+    trend and season with the Holt-Winters recursion using the fitted smoothing parameters (cheap, exact
+    continuation of the fitted filter)."""
+
+    bucket_start_s: float | None = None
+    bucket_sum: float = 0.0
+    bucket_n: int = 0
+    history: tuple[float, ...] = ()
+    kind: str = "none"  # none | level | holt | holt-winters
+    fitted_at_s: float | None = None
+    alpha: float = 0.0
+    beta: float = 0.0
+    gamma: float = 0.0
+    phi: float = 1.0
+    level: float = 0.0
+    trend: float = 0.0
+    season: tuple[float, ...] = ()
+    season_pos: int = 0  # index into `season` of the next bucket
+    resid_rmse: float = 0.0
+    # Recent per-tick ratios observed rate / model's expected rate: the within-bucket burst envelope.
+    ratios: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """Everything the policy remembers between ticks. Returned by every decision, fed to the next."""
+
+    last_replicas: int | None = None
+    # (time, replicas recommended before stabilization) within the scale-down stabilization window.
+    recommendations: tuple[tuple[float, int], ...] = ()
+    # (time, reactive replicas) within the burst-confirmation window.
+    reactive_recent: tuple[tuple[float, int], ...] = ()
+    last_scale_up_s: float | None = None
+    last_counter: tuple[float, float] | None = None  # (value, at_s) of arrivals_total
+    startup_samples_s: tuple[float, ...] = ()
+    service_time_s: float | None = None
+    forecast: ForecastState = field(default_factory=ForecastState)
+    shed: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do now and why. `valid=False` means: leave the cluster as it is."""
+
+    replicas: int
+    warm_slots: int = 0
+    shed: Mapping[str, float] = field(default_factory=dict)
+    forecast_rate_per_s: float | None = None
+    forecast_upper_rate_per_s: float | None = None
+    lead_time_s: float | None = None
+    valid: bool = True
+    reasons: tuple[str, ...] = ()
