@@ -3,9 +3,9 @@
 - Azure LLM inference CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`): per request.
 - Mooncake JSONL (`timestamp` ms, `input_length`, `output_length`): per request.
 - ServeGen folder of `chunk-<i>-trace.csv` (window start s, rate req/s, inter-arrival CV, family, 2 params),
-  optionally with `chunk-<i>-dataset.json` token-length distributions: per-client rates in 10-min windows,
-  summed into one aggregate rate per window. The aggregate inter-arrival CV^2 of independent streams is the
-  rate-weighted mean of the clients' CV^2 (superposition, asymptotic method).
+  optionally with `chunk-<i>-dataset.json` token-length distributions: per-client rates and inter-arrival
+  CVs in 10-min windows, kept per client (a batchy client bursts by its own volume, not the aggregate's)
+  and summed into one aggregate rate per window.
 
 Bad input raises `TraceError` naming the file, the line and the field.
 """
@@ -45,7 +45,8 @@ class RateTrace:
     name: str
     window_s: float
     rate_per_s: np.ndarray  # per window, aggregate
-    cv2: np.ndarray  # aggregate squared inter-arrival CV per window
+    client_rate_per_s: np.ndarray  # clients x windows
+    client_cv2: np.ndarray  # clients x windows, squared inter-arrival CV (1 where unknown)
     input_tokens: np.ndarray  # request-weighted mean per window (NaN = unknown)
     output_tokens: np.ndarray
 
@@ -182,14 +183,16 @@ def read_servegen(folder: Path) -> RateTrace:
     window_s = window_s or 600.0
     windows = int(max(s[-1] for _, s, _, _ in clients if len(s)) // window_s) + 1
     rate = np.zeros(windows)
-    weighted_cv2 = np.zeros(windows)
+    client_rate = np.zeros((len(clients), windows))
+    client_cv2 = np.ones((len(clients), windows))
     tok_in = np.zeros(windows)
     tok_out = np.zeros(windows)
     tok_weight = np.zeros(windows)
-    for path, starts, rates, cvs in clients:
+    for row, (path, starts, rates, cvs) in enumerate(clients):
         index = (starts // window_s).astype(int)
         np.add.at(rate, index, rates)
-        np.add.at(weighted_cv2, index, rates * cvs**2)
+        client_rate[row, index] = rates
+        client_cv2[row, index] = np.where(rates > 0, cvs**2, 1.0)
         means = _dataset_means(path.with_name(path.name.replace("-trace.csv", "-dataset.json")), windows, window_s)
         if means is not None:
             ins, outs = means[0][index], means[1][index]
@@ -198,10 +201,9 @@ def read_servegen(folder: Path) -> RateTrace:
             np.add.at(tok_out, index[ok], rates[ok] * outs[ok])
             np.add.at(tok_weight, index[ok], rates[ok])
     with np.errstate(invalid="ignore", divide="ignore"):
-        cv2 = np.where(rate > 0, weighted_cv2 / rate, 1.0)
         mean_in = np.where(tok_weight > 0, tok_in / tok_weight, np.nan)
         mean_out = np.where(tok_weight > 0, tok_out / tok_weight, np.nan)
-    return RateTrace(folder.name, window_s, rate, cv2, mean_in, mean_out)
+    return RateTrace(folder.name, window_s, rate, client_rate, client_cv2, mean_in, mean_out)
 
 
 def read_trace(path: str | Path) -> RequestTrace | RateTrace:

@@ -65,7 +65,8 @@ class RateWorkload:
     scale: float
     window_s: float
     rate_per_s: np.ndarray
-    cv2: np.ndarray
+    client_rate_per_s: np.ndarray  # clients x windows
+    client_cv2: np.ndarray
     service_s: np.ndarray  # mean per window
     output_tokens: np.ndarray
     priority_mix: tuple[float, float, float]
@@ -133,7 +134,7 @@ def rate_workload(trace: RateTrace, config: WorkloadConfig) -> RateWorkload:
         scale = target / max(float((trace.rate_per_s * service).max()), 1e-9)
     return RateWorkload(
         name=trace.name, scale=scale, window_s=trace.window_s, rate_per_s=trace.rate_per_s * scale,
-        cv2=trace.cv2, service_s=service, output_tokens=tok_out, priority_mix=config.priority_mix,
+        client_rate_per_s=trace.client_rate_per_s * scale, client_cv2=trace.client_cv2, service_s=service, output_tokens=tok_out, priority_mix=config.priority_mix,
         span_s=trace.span_s,
     )
 

@@ -19,12 +19,16 @@ from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.bounds import bound
 from policies.stages.combine import combine, remember_reactive
+from policies.stages.feedback import slo_feedback
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import sanitize
-from policies.stages.shedding import shed_levels
+from policies.stages.shedding import saturation_depths, shed_levels
 from policies.stages.warmpool import warm_slots
 from policies.types import Decision, PolicyState, Signals
+
+
+REFIT_REASON = "forecast: refitted"
 
 
 def replicas_for_rate(spec: PolicySpec, rate: float, service_s: float) -> int:
@@ -61,17 +65,25 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     startup = startup_s(spec, samples)
     lead = lead_time_s(spec, startup, cluster.warm_slots_ready)
     reasons: list[str] = []
-    reactive_n, why = reactive(spec, clean, service_s)
+    if forecast_state.fitted_at_s == now and forecast_state.kind in ("holt", "holt-winters"):
+        reasons.append(f"{REFIT_REASON} {forecast_state.kind} on {len(forecast_state.history)} buckets")
+    # A miss while capacity the policy already ordered is still landing says it was late, which more
+    # headroom would not fix; a miss with its own last decision ready says the sizing was wrong.
+    model_satisfied = cluster.ready_replicas >= (state.last_replicas or cluster.spec_replicas)
+    headroom, why = slo_feedback(spec, state.headroom_ratio, clean, model_satisfied=model_satisfied)
+    state = replace(state, headroom_ratio=headroom)
+    reasons += why
+    reactive_n, why = reactive(spec, clean, service_s, headroom)
     reasons += why
     recent = remember_reactive(spec, state.reactive_recent, reactive_n, now)
 
     predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s)
     predictive_n = None
     if predicted is not None:
-        predictive_n = replicas_for_rate(spec, predicted[1], service_s)
+        predictive_n = replicas_for_rate(spec, predicted[1] * headroom, service_s)
         reasons.append(
             f"predictive: {predictive_n} replicas for upper forecast {predicted[1]:.1f} req/s "
-            f"(mean {predicted[0]:.1f}, {forecast_state.kind}) at +{lead:.0f} s"
+            f"(mean {predicted[0]:.1f}, {forecast_state.kind}, headroom {headroom:.2f}) at +{lead:.0f} s"
         )
     wanted, why = combine(spec, reactive=reactive_n, recent=recent, predictive=predictive_n)
     reasons += why
@@ -88,7 +100,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     reasons += [f"dropped {d}" for d in dropped]
 
     peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s)
-    peak_n = replicas_for_rate(spec, peak[1], service_s) if peak else None
+    peak_n = replicas_for_rate(spec, peak[1] * headroom, service_s) if peak else None
     warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n)
     reasons += why
     shed, why = shed_levels(spec, clean, service_s)
@@ -98,6 +110,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         replicas=replicas,
         warm_slots=warm,
         shed=shed,
+        saturation_queue_depth=saturation_depths(spec, cluster.ready_replicas, service_s),
         forecast_rate_per_s=predicted[0] if predicted else None,
         forecast_upper_rate_per_s=predicted[1] if predicted else None,
         lead_time_s=lead,

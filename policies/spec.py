@@ -34,6 +34,13 @@ class PolicySpec(BaseModel):
     p99_latency_target_s: float | None = Field(
         None, gt=0, description="If set, a measured p99 above it adds scale-up pressure."
     )
+    slo_feedback_step_ratio: float = Field(
+        0.05, ge=0, le=1, description="Per violating tick, grow the sizing headroom by this fraction."
+    )
+    slo_feedback_decay_ratio: float = Field(
+        0.002, ge=0, le=1, description="Per quiet tick (p99 < half its target), shrink it by this fraction."
+    )
+    max_headroom_ratio: float = Field(2.0, ge=1, description="Upper bound of the learned sizing headroom.")
     gpu_memory_headroom_floor_ratio: float = Field(
         0.05, ge=0, lt=1, description="Below this free KV-cache/GPU-memory fraction, add pressure."
     )
@@ -61,6 +68,15 @@ class PolicySpec(BaseModel):
         600.0, ge=0, description="Scale down only to the max recommendation of this window (>= lead time)."
     )
     max_warm_slots: int = Field(8, ge=0, description="Upper bound on placeholder (warm) GPU slots.")
+    saturation_wait_ratio: float = Field(
+        0.5, gt=0, le=1, description="Guard: the lowest priority is rejected once the queue means this x SLO of wait."
+    )
+    saturation_wait_max_ratio: float = Field(
+        0.8, gt=0, le=1, description="Guard: the highest guarded priority is rejected at this x SLO of wait."
+    )
+    guard_priority_below: int = Field(
+        1, description="The saturation guard applies to priorities below this; the highest is never guarded."
+    )
     shed_priority_below: int = Field(
         0, le=1, description="Only priorities below this are ever shed (Gateway API: negative = sheddable)."
     )
@@ -76,6 +92,16 @@ class PolicySpec(BaseModel):
             raise ValueError(
                 f"shed_priority_below ({self.shed_priority_below}) would allow shedding the highest priority "
                 f"({max(self.priorities.values())}); the highest priority is never shed"
+            )
+        if max(self.priorities.values(), default=0) < self.guard_priority_below:
+            raise ValueError(
+                f"guard_priority_below ({self.guard_priority_below}) would reject the highest priority "
+                f"({max(self.priorities.values())}); the highest priority is always admitted"
+            )
+        if self.saturation_wait_ratio > self.saturation_wait_max_ratio:
+            raise ValueError(
+                f"saturation_wait_ratio ({self.saturation_wait_ratio}) must not exceed saturation_wait_max_ratio "
+                f"({self.saturation_wait_max_ratio})"
             )
         if self.forecast_bucket_s < self.tick_s:
             raise ValueError(

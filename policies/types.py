@@ -54,6 +54,9 @@ class Signals:
     gpu_memory_headroom_ratio: Sample | None = None
     token_rate_per_s: Sample | None = None
     arrival_rate_per_s: Sample | None = None
+    # Mean time a request occupies a slot (prefill + decode, no queueing), e.g.
+    # rate(vllm:request_inference_time_seconds_sum[1m]) / rate(vllm:request_inference_time_seconds_count[1m]).
+    service_time_s: Sample | None = None
     # Alternative to arrival_rate_per_s: a raw monotonic request counter; its rate is derived here and a
     # decrease is treated as a counter reset (that tick's rate is unknown, not negative).
     arrivals_total: Sample | None = None
@@ -72,6 +75,7 @@ class Clean:
     gpu_memory_headroom_ratio: float | None
     token_rate_per_s: float | None
     arrival_rate_per_s: float | None
+    service_time_s: float | None
     arrival_rate_by_priority: Mapping[str, float]
     dropped: tuple[str, ...]
 
@@ -101,6 +105,8 @@ class ForecastState:
     resid_rmse: float = 0.0
     # Recent per-tick ratios observed rate / model's expected rate: the within-bucket burst envelope.
     ratios: tuple[float, ...] = ()
+    # Recent per-tick observed rates (same window): the absolute burst envelope.
+    rates: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,7 @@ class PolicyState:
     service_time_s: float | None = None
     forecast: ForecastState = field(default_factory=ForecastState)
     shed: Mapping[str, float] = field(default_factory=dict)
+    headroom_ratio: float = 1.0  # learned by SLO feedback, multiplies the rate capacity is sized for
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,9 @@ class Decision:
     replicas: int
     warm_slots: int = 0
     shed: Mapping[str, float] = field(default_factory=dict)
+    # Saturation guard for the admission endpoint, per priority name: while the live queue is at least this
+    # deep, requests of that priority are rejected. Acts per request, between ticks; never for the highest.
+    saturation_queue_depth: Mapping[str, int] = field(default_factory=dict)
     forecast_rate_per_s: float | None = None
     forecast_upper_rate_per_s: float | None = None
     lead_time_s: float | None = None

@@ -24,14 +24,15 @@ class OracleSpec(BaseModel):
     static: bool = False
 
 
-def initial_state() -> None:
+def initial_state() -> int | None:
     return None
 
 
-def decide(spec: OracleSpec, state: None, signals: Signals, now: float) -> tuple[Decision, None]:
+def decide(spec: OracleSpec, state: int | None, signals: Signals, now: float) -> tuple[Decision, int | None]:
+    """The state caches the static peak (computed once, not every tick)."""
     if spec.static:
-        peak = max(spec.needed, default=1)
-        return Decision(replicas=peak, reasons=(f"static: peak {peak}",)), state
+        peak = state if state is not None else max(spec.needed, default=1)
+        return Decision(replicas=peak, reasons=(f"static: peak {peak}",)), peak
     i = max(0, int(math.floor((now - spec.start_s) / spec.tick_s + 1e-9)))
     horizon = int(math.ceil(spec.lead_s / spec.tick_s)) + 1
     window = spec.needed[i : i + horizon] or spec.needed[-1:]

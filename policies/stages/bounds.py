@@ -3,7 +3,8 @@
 - scale-up: at most max(`scale_up_limit_replicas`, `scale_up_limit_ratio` x current) more per tick, like the
   HPA's default policies (4 pods or 100 % per period, the larger).
 - scale-down: to the highest recommendation within the stabilization window, which is never shorter than
-  the current lead time: capacity released now could not come back before then.
+  the current lead time: capacity released now could not come back before then. A fresh state counts the
+  current replicas as a recommendation, so a (re)started controller never scales down on its first tick.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def bound(
     if clamped != wanted:
         reasons.append(f"bounds: {wanted} clamped to [{spec.min_replicas}, {spec.max_replicas}]")
     window = max(spec.scale_down_stabilization_s, lead_s)
+    if not recommendations:
+        # A controller that just started (or restarted) knows nothing of the last window: what runs now
+        # counts as a recommendation, so it cannot scale down before a full window of its own evidence.
+        recommendations = ((now, current),)
     history = tuple(e for e in recommendations if now - e[0] < window) + ((now, clamped),)
     result = clamped
     if clamped < current:

@@ -9,10 +9,16 @@ statsmodels refits every `refit_interval_s` (and when the model kind changes); e
 between runs one step of the Holt-Winters recursion with the fitted parameters, which is exactly how the
 fitted filter itself would continue.
 
-The upper bound multiplies the point forecast by a high quantile of recent per-tick ratios observed rate /
-expected rate. Those ratios capture both model error and burstiness inside a bucket: for on/off traffic
-whose bursts run at 4x the bucket mean the bound sits near the burst level; for smooth traffic it is a few
-percent above the forecast.
+The upper bound is the smaller of two envelopes over the last `burst_lookback_s`:
+- proportional: the point forecast x a high quantile of per-tick ratios observed rate / expected rate. It
+  captures model error and burstiness that scale with the level (smooth, diurnal traffic), where it sits
+  a few percent above the forecast and follows the forecast up and down;
+- absolute: a high quantile of the per-tick rates themselves x the growth the model expects by then
+  (forecast at the horizon / forecast now). On/off traffic bursts to the same height whatever the bucket
+  mean, so there the ratio overshoots (a quiet bucket's ratio times a busy bucket's level) while the
+  recent peaks are the honest bound.
+Both are upper bounds of the same quantity under different burst models; the tighter one is used, and the
+SLO feedback stage corrects what both miss.
 """
 
 from __future__ import annotations
@@ -143,16 +149,22 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
         if expected > 0 or rate > 0:
             floor = 0.02 * max(fs.history[-12:], default=0.0)
             ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
-            keep = max(_MIN_RATIOS, int(spec.burst_lookback_s / spec.tick_s))
-            ratios = (ratios + (ratio,))[-keep:]
-    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios)
+            ratios = (ratios + (ratio,))[-_kept(spec):]
+    rates = (fs.rates + (rate,))[-_kept(spec):]
+    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates)
 
 
-def burst_ratio(spec: PolicySpec, fs: ForecastState) -> float | None:
-    if len(fs.ratios) < _MIN_RATIOS:
+def _kept(spec: PolicySpec) -> int:
+    return max(_MIN_RATIOS, int(spec.burst_lookback_s / spec.tick_s))
+
+
+def _quantile(spec: PolicySpec, values: tuple[float, ...]) -> float | None:
+    if len(values) < _MIN_RATIOS:
         return None
-    ordered = sorted(fs.ratios)
+    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(spec.burst_quantile * len(ordered)))]
+
+
 
 
 def forecast(
@@ -165,7 +177,13 @@ def forecast(
     first = max(1, 1 + math.floor((now + start_s - fs.bucket_start_s) / width))
     last = max(first, 1 + math.floor((now + end_s - fs.bucket_start_s) / width))
     peak = max(point(fs, h) for h in range(first, last + 1))
-    ratio = burst_ratio(spec, fs)
+    ratio = _quantile(spec, fs.ratios)
     if ratio is None:
         return peak, peak
-    return peak, peak * ratio
+    proportional = peak * ratio
+    recent = _quantile(spec, fs.rates)
+    now_point = point(fs, 1)
+    if recent is None or now_point <= 0:
+        return peak, proportional
+    absolute = recent * max(peak / now_point, 0.0)
+    return peak, max(peak, min(proportional, absolute))

@@ -19,8 +19,15 @@ from policies.types import Clean
 
 
 def learn_service_time(spec: PolicySpec, previous: float | None, clean: Clean) -> float | None:
-    """Little's law on the servers: in-flight = throughput x E[S]. Only trusted when the queue is (nearly)
-    empty, so that throughput ~= arrival rate; smoothed because in-flight is an instantaneous gauge."""
+    """Mean slot time per request, smoothed over ticks.
+
+    Measured directly when the server exports it (vLLM's request_inference_time_seconds); otherwise by
+    Little's law on the servers, in-flight = throughput x E[S], trusted only when the queue is (nearly)
+    empty so that throughput ~= arrival rate. The measured value wins: Little's law on an instantaneous
+    gauge against a 1-minute rate is biased on bursty traffic."""
+    if clean.service_time_s is not None:
+        sample = clean.service_time_s
+        return sample if previous is None else previous + 0.3 * (sample - previous)
     inflight, rate, queue = clean.in_flight, clean.arrival_rate_per_s, clean.queue_depth
     if inflight is None or rate is None or rate <= 0 or inflight < 1:
         return previous
@@ -30,14 +37,14 @@ def learn_service_time(spec: PolicySpec, previous: float | None, clean: Clean) -
     return sample if previous is None else previous + 0.1 * (sample - previous)
 
 
-def reactive(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[int | None, list[str]]:
+def reactive(spec: PolicySpec, clean: Clean, service_s: float, headroom: float = 1.0) -> tuple[int | None, list[str]]:
     k = spec.replica_concurrency
     ready = clean.cluster.ready_replicas if clean.cluster else 0
     needs: list[tuple[int, str]] = []
     rate, queue = clean.arrival_rate_per_s, clean.queue_depth
     if rate is not None:
         slots = servers_for(
-            rate_per_s=rate, service_s=service_s, wait_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio
+            rate_per_s=rate * headroom, service_s=service_s, wait_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio
         )
         drain = (queue or 0.0) * service_s / spec.slo_queue_wait_s
         needs.append((math.ceil((slots + drain) / k), f"{rate:.1f} req/s x {service_s:.2f} s, queue {queue or 0:.0f}"))

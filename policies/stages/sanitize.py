@@ -11,7 +11,9 @@ import math
 from policies.spec import PolicySpec
 from policies.types import Clean, Sample, Signals
 
-_FIELDS = ("queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s")
+_FIELDS = (
+    "queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s", "service_time_s"
+)
 
 
 def _value(sample: Sample | None, name: str, now: float, max_age_s: float, dropped: list[str]) -> float | None:
@@ -59,6 +61,8 @@ def sanitize(
     derived, last_counter = counter_rate(counter, last_counter, dropped)
     if rate is None:
         rate = derived
+    if values["service_time_s"] == 0.0:
+        values["service_time_s"] = None  # no completions in the window: unknown, not instant
     headroom = values["gpu_memory_headroom_ratio"]
     if headroom is not None and headroom > 1.0:
         dropped.append(f"gpu_memory_headroom_ratio: {headroom} is above 1")

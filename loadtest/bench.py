@@ -1,0 +1,179 @@
+"""The replay benchmark: every policy on the same workload and the same simulated cluster, one process.
+
+    python -m loadtest.bench --trace PATH [--scale K] [--json]
+
+Prints per policy: SLO attainment per priority class, p99 queue wait, GPU-hours (serving + warming + warm
+pool + idle nodes), GPU-hours / clairvoyant, shed fraction of sheddable requests, scaling actions, and the
+replay's wall time; then the predictive policy's decide() time (median, and median excluding ticks with a
+scheduled statsmodels refit) and whether it met the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from loadtest import policyset
+from loadtest.sim.cluster import ClusterModel
+from loadtest.sim.run import RunResult, SimConfig, needed_replicas, run, ticks
+from loadtest.traces import TraceError, read_trace
+from loadtest.workload import CLASSES, ServerModel, WorkloadConfig, build
+
+BUNDLED_TRACE = Path(__file__).parent / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
+TARGETS = {"critical": 0.999, "standard": 0.99}
+MAX_SHED = 0.05
+
+
+def figures(result: RunResult, clairvoyant_gpu_hours: float | None) -> dict:
+    gpu = result.costs.total_gpu_hours
+    return {
+        "policy": result.policy,
+        "slo_attainment": {c: round(v, 5) for c, v in result.outcome["slo_attainment"].items()},
+        "p99_queue_wait_s": round(result.outcome["p99_queue_wait_s"], 3),
+        "gpu_hours": round(gpu, 3),
+        "gpu_hours_vs_clairvoyant": round(gpu / clairvoyant_gpu_hours, 3) if clairvoyant_gpu_hours else None,
+        "shed_fraction": round(result.outcome["shed_fraction"], 5),
+        "shed_by_class": {c: round(v, 5) for c, v in result.outcome["shed_by_class"].items()},
+        "scaling_actions": result.scaling_actions,
+        "wall_s": round(result.wall_s, 2),
+    }
+
+
+def meets(row: dict) -> bool:
+    a = row["slo_attainment"]
+    return all(a[c] >= t for c, t in TARGETS.items()) and row["shed_by_class"]["sheddable"] <= MAX_SHED
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    ours = next((r for r in rows if r["policy"] == "predictive"), None)
+    if ours is None:
+        return []
+    lines = []
+    a = ours["slo_attainment"]
+    lines.append(
+        f"targets: critical {a['critical']:.4%} (>= 99.9%), standard {a['standard']:.3%} (>= 99%), "
+        f"sheddable shed {ours['shed_by_class']['sheddable']:.2%} (<= 5%): {'met' if meets(ours) else 'NOT met'}"
+    )
+    for row in rows:
+        if row["policy"] in ("predictive", "clairvoyant"):
+            continue
+        same = all(row["slo_attainment"][c] >= ours["slo_attainment"][c] for c in TARGETS)
+        if same:
+            cheaper = ours["gpu_hours"] < row["gpu_hours"]
+            lines.append(
+                f"vs {row['policy']} (reaches our attainment): {ours['gpu_hours']:.1f} vs {row['gpu_hours']:.1f} "
+                f"GPU-h -> {'fewer' if cheaper else 'NOT fewer'}"
+            )
+        else:
+            lines.append(f"vs {row['policy']}: does not reach our attainment")
+    if ours["gpu_hours_vs_clairvoyant"] is not None:
+        lines.append(f"GPU-hours vs clairvoyant: {ours['gpu_hours_vs_clairvoyant']:.3f}x (aim <= 1.25x)")
+    return lines
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'policy':<12} {'crit SLO':>9} {'std SLO':>9} {'shed SLO':>9} {'p99 wait':>9} {'GPU-h':>9} "
+        f"{'x clairv':>9} {'shed':>7} {'actions':>8} {'wall s':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        a = r["slo_attainment"]
+        ratio = f"{r['gpu_hours_vs_clairvoyant']:.3f}" if r["gpu_hours_vs_clairvoyant"] is not None else "-"
+        lines.append(
+            f"{r['policy']:<12} {a['critical']:>9.4%} {a['standard']:>9.3%} {a['sheddable']:>9.3%} "
+            f"{r['p99_queue_wait_s']:>8.2f}s {r['gpu_hours']:>9.2f} {ratio:>9} "
+            f"{r['shed_by_class']['sheddable']:>7.2%} {r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=str(BUNDLED_TRACE), help="trace file or ServeGen folder (default: bundled)")
+    p.add_argument("--scale", type=float, default=None, help="explicit load factor (default: size to --peak-replicas)")
+    p.add_argument("--peak-replicas", type=int, default=40, help="replicas the busiest minute/window needs")
+    p.add_argument("--tick-s", type=float, default=15.0)
+    p.add_argument("--slo-s", type=float, default=2.0, help="queue-wait SLO per request")
+    p.add_argument("--startup-s", type=float, default=120.0, help="pod creation -> Ready (mean, jittered)")
+    p.add_argument("--node-provisioning-s", type=float, default=300.0)
+    p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once")
+    p.add_argument("--priority-mix", default="0.2,0.5,0.3", help="critical,standard,sheddable shares")
+    p.add_argument("--policies", default=",".join(policyset.NAMES))
+    p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        mix = tuple(float(x) for x in args.priority_mix.split(","))
+        if len(mix) != 3:
+            raise ValueError
+    except ValueError:
+        print(f"--priority-mix: expected three numbers like 0.2,0.5,0.3, got {args.priority_mix!r}", file=sys.stderr)
+        return 2
+    try:
+        trace = read_trace(args.trace)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server = ServerModel(concurrency=args.concurrency)
+    config = SimConfig(
+        tick_s=args.tick_s,
+        slo_s=args.slo_s,
+        cluster=ClusterModel(startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s),
+        server=server,
+    )
+    workload = build(
+        trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, priority_mix=mix, server=server)
+    )
+    needed = needed_replicas(workload, config)
+    initial = int(needed[: int(config.cold_start_s // config.tick_s) + 1].max())
+    names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
+    if "clairvoyant" not in names:
+        names += ("clairvoyant",)
+    runs = policyset.build(config, needed, names)
+    results = {}
+    for policy in runs:
+        start = min(int(needed.max()), policyset.MAX_REPLICAS) if policy.name == "static" else initial  # static runs its peak from the start
+        results[policy.name] = run(
+            policy, workload, config, initial_replicas=start, keep_timeline=args.timeline_dir is not None
+        )
+    clairvoyant = results["clairvoyant"].costs.total_gpu_hours
+    rows = [figures(results[p.name], clairvoyant) for p in runs]
+    if args.timeline_dir:
+        from autoscaler.replay.output import write_csv
+
+        out = Path(args.timeline_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, result in results.items():
+            write_csv(out / f"{name}.csv", result.timeline)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"trace {workload.name}: {workload.span_s / 3600:.1f} h, scale x{workload.scale:.3g}, "
+        f"{ticks(workload, config.tick_s)} ticks of {config.tick_s:.0f} s, peak need {needed.max()} replicas, "
+        f"SLO queue wait <= {config.slo_s:.1f} s"
+    )
+    print(table(rows))
+    if "predictive" in results:
+        ours = results["predictive"]
+        steady = [t for t, refit in zip(ours.decide_s, ours.refit) if not refit] or [0.0]
+        print(
+            f"predictive decide(): median {statistics.median(ours.decide_s) * 1e3:.3f} ms over {len(ours.decide_s)} "
+            f"ticks; median excluding {sum(ours.refit)} scheduled refits {statistics.median(steady) * 1e3:.3f} ms"
+        )
+        for line in verdict(rows):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
