@@ -22,7 +22,7 @@ from policies.stages.combine import combine, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
-from policies.stages.sanitize import sanitize
+from policies.stages.sanitize import present, sanitize
 from policies.stages.shedding import saturation_depths, shed_levels
 from policies.stages.warmpool import warm_slots
 from policies.types import Decision, PolicyState, Signals
@@ -43,8 +43,8 @@ def initial_state() -> PolicyState:
 
 
 def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -> tuple[Decision, PolicyState]:
-    clean, counter = sanitize(spec, signals, state.last_counter, now)
-    state = replace(state, last_counter=counter)
+    clean, counter = sanitize(spec, signals, state.last_counter, now, state.seen)
+    state = replace(state, last_counter=counter, seen=state.seen | present(signals))
     dropped = list(clean.dropped)
     cluster = clean.cluster
     current = cluster.spec_replicas if cluster else (state.last_replicas or 0)

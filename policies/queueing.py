@@ -20,7 +20,8 @@ def erlang_c(servers: int, offered: float) -> float:
         return 0.0
     if servers <= offered:
         return 1.0
-    log_pmf = servers * math.log(offered) - offered - math.lgamma(servers + 1)
+    # A probability is at most 1: clamping keeps rounding in huge systems from overflowing exp().
+    log_pmf = min(0.0, servers * math.log(offered) - offered - math.lgamma(servers + 1))
     cdf = float(gammaincc(servers + 1, offered))
     if cdf <= 0.0:
         return 1.0

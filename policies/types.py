@@ -125,6 +125,8 @@ class PolicyState:
     forecast: ForecastState = field(default_factory=ForecastState)
     shed: Mapping[str, float] = field(default_factory=dict)
     headroom_ratio: float = 1.0  # learned by SLO feedback, multiplies the rate capacity is sized for
+    # Signals reported at least once: one that vanishes afterwards is missing data, not "not configured".
+    seen: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Stage 2: replicas needed for what is happening now, the max over signals (the HPA multi-metric rule).
 
 - demand: Erlang C slots for the measured arrival rate at the learned service time, plus slots to drain
-  the current queue within the SLO (q requests x E[S] / SLO). E.g. 30 req/s x 2 s = 60 busy slots; with
-  16 slots per replica and a 2 s SLO at 0.1 % misses that is ~75 slots -> 5 replicas; a queue of 40 adds
-  40 x 2 / 2 = 40 slots -> 3 more.
+  the current queue within the SLO (q requests x E[S] / SLO). E.g. 30 req/s x 2 s = 60 busy slots; for a
+  2 s SLO at 0.1 % misses Erlang C asks for 66 slots -> 5 replicas of 16; a queue of 40 adds
+  40 x 2 / 2 = 40 slots, (66 + 40) / 16 -> 7 replicas.
 - p99 above its target adds 10 % (at least one replica) to what is ready.
 - GPU memory headroom below its floor scales ready replicas so usage falls back to 1 - floor.
 - token rate over a per-replica token target, when configured.
@@ -18,22 +18,26 @@ from policies.spec import PolicySpec
 from policies.types import Clean
 
 
+MIN_SERVICE_S, MAX_SERVICE_S = 1e-3, 3600.0  # plausible slot time of one request
+
+
 def learn_service_time(spec: PolicySpec, previous: float | None, clean: Clean) -> float | None:
     """Mean slot time per request, smoothed over ticks.
 
     Measured directly when the server exports it (vLLM's request_inference_time_seconds); otherwise by
     Little's law on the servers, in-flight = throughput x E[S], trusted only when the queue is (nearly)
     empty so that throughput ~= arrival rate. The measured value wins: Little's law on an instantaneous
-    gauge against a 1-minute rate is biased on bursty traffic."""
+    gauge against a 1-minute rate is biased on bursty traffic. Samples outside 1 ms .. 1 h are clamped, and
+    Little's law needs at least one arrival per tick: a near-zero rate would "learn" an absurd time."""
     if clean.service_time_s is not None:
-        sample = clean.service_time_s
+        sample = min(MAX_SERVICE_S, max(MIN_SERVICE_S, clean.service_time_s))
         return sample if previous is None else previous + 0.3 * (sample - previous)
     inflight, rate, queue = clean.in_flight, clean.arrival_rate_per_s, clean.queue_depth
-    if inflight is None or rate is None or rate <= 0 or inflight < 1:
+    if inflight is None or rate is None or rate * spec.tick_s < 1 or inflight < 1:
         return previous
     if queue is not None and queue > 1 + 0.05 * inflight:
         return previous
-    sample = inflight / rate
+    sample = min(MAX_SERVICE_S, max(MIN_SERVICE_S, inflight / rate))
     return sample if previous is None else previous + 0.1 * (sample - previous)
 
 

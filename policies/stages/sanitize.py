@@ -1,7 +1,8 @@
 """Stage 1: turn raw samples into trusted floats or None.
 
 A value that is NaN, negative, from the future or older than `max_signal_age_s` is dropped and named in
-`dropped`; it is never replaced by zero. A raw request counter that went down was reset (pod restart):
+`dropped`; it is never replaced by zero. A signal that was reported before and is absent now is dropped as
+missing too (a query that suddenly returns nothing); one never reported is simply not configured. A raw request counter that went down was reset (pod restart):
 that tick's rate is unknown."""
 
 from __future__ import annotations
@@ -47,10 +48,21 @@ def counter_rate(
     return (counter.value - last[0]) / (counter.at_s - last[1]), current
 
 
+TRACKED = _FIELDS + ("arrival_rate_per_s", "arrivals_total", "cluster")
+
+
+def present(signals: Signals) -> frozenset[str]:
+    return frozenset(name for name in TRACKED if getattr(signals, name) is not None)
+
+
 def sanitize(
-    spec: PolicySpec, signals: Signals, last_counter: tuple[float, float] | None, now: float
+    spec: PolicySpec,
+    signals: Signals,
+    last_counter: tuple[float, float] | None,
+    now: float,
+    seen: frozenset[str] = frozenset(),
 ) -> tuple[Clean, tuple[float, float] | None]:
-    dropped: list[str] = []
+    dropped: list[str] = [f"{name}: missing (reported before)" for name in sorted(seen - present(signals))]
     age = spec.max_signal_age_s
     values = {name: _value(getattr(signals, name), name, now, age, dropped) for name in _FIELDS}
     rate = _value(signals.arrival_rate_per_s, "arrival_rate_per_s", now, age, dropped)

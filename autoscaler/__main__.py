@@ -1,0 +1,5 @@
+import sys
+
+from autoscaler.cli import main
+
+sys.exit(main())

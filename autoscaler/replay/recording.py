@@ -1,0 +1,269 @@
+"""Recorded signals for dry-run replay: read, validate, and turn into one `Signals` per tick.
+
+Accepted inputs (signal names are the fields of `policies.Signals`, plus cluster fields):
+- CSV with a header: a time column `t_s` (seconds) or `timestamp` (unix seconds or ISO 8601), then any of
+  the signal columns below; an empty cell is a missing sample.
+- JSONL: one object per line with the same keys.
+- Prometheus `query_range` exports (`{"status": "success", "data": {"resultType": "matrix", ...}}`, what
+  `curl .../api/v1/query_range` returns): either a folder of `<signal>.json` files, or one JSON object
+  keyed by signal name whose values are such responses. Several series in one result are combined per
+  signal (summed for counts and rates, max for p99, min for headroom, mean for service time).
+
+At tick t every signal takes its latest sample at or before t, with that sample's time, so a gap in the
+recording shows up to the policy as a stale signal, exactly as it would live. Bad input raises
+`RecordingError` naming the file, the line (or series) and the field.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from policies.types import ClusterState, Sample, Signals
+
+SAMPLE_FIELDS = (
+    "queue_depth",
+    "in_flight",
+    "p99_latency_s",
+    "gpu_memory_headroom_ratio",
+    "token_rate_per_s",
+    "arrival_rate_per_s",
+    "service_time_s",
+    "arrivals_total",
+)
+CLUSTER_FIELDS = ("spec_replicas", "ready_replicas", "starting_replicas", "warm_slots_ready", "unschedulable_pods")
+PRIORITY_PREFIX = "arrival_rate_"  # arrival_rate_<priority>, e.g. arrival_rate_sheddable
+KNOWN = set(SAMPLE_FIELDS) | set(CLUSTER_FIELDS)
+_COMBINE = {"p99_latency_s": max, "gpu_memory_headroom_ratio": min, "service_time_s": lambda v: sum(v) / len(v)}
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be replayed; the message names file, line or series, and field."""
+
+
+@dataclass
+class Recording:
+    """Per signal: sorted sample times and values."""
+
+    source: str
+    series: dict[str, tuple[list[float], list[float]]]
+
+    @property
+    def start_s(self) -> float:
+        return min(times[0] for times, _ in self.series.values())
+
+    @property
+    def end_s(self) -> float:
+        return max(times[-1] for times, _ in self.series.values())
+
+    def step_s(self) -> float:
+        """The recording's own resolution (median gap of its densest signal)."""
+        best = math.inf
+        for times, _ in self.series.values():
+            gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+            if gaps:
+                best = min(best, gaps[len(gaps) // 2])
+        return best if math.isfinite(best) else 15.0
+
+    def latest(self, name: str, t: float) -> Sample | None:
+        entry = self.series.get(name)
+        if entry is None:
+            return None
+        times, values = entry
+        i = bisect.bisect_right(times, t) - 1
+        return Sample(values[i], times[i]) if i >= 0 else None
+
+    def signals_at(self, t: float) -> Signals:
+        samples = {name: self.latest(name, t) for name in SAMPLE_FIELDS}
+        cluster = None
+        spec = self.latest("spec_replicas", t)
+        if spec is not None and math.isfinite(spec.value):
+            def count(name: str) -> int:
+                s = self.latest(name, t)
+                return int(s.value) if s is not None and math.isfinite(s.value) else 0
+
+            ready = self.latest("ready_replicas", t)
+            cluster = ClusterState(
+                spec_replicas=int(spec.value),
+                ready_replicas=int(ready.value) if ready is not None and math.isfinite(ready.value) else int(spec.value),
+                starting_replicas=count("starting_replicas"),
+                warm_slots_ready=count("warm_slots_ready"),
+                unschedulable_pods=count("unschedulable_pods"),
+                at_s=spec.at_s,
+            )
+        by_priority = {}
+        for name in self.series:
+            if name.startswith(PRIORITY_PREFIX) and name not in KNOWN:
+                s = self.latest(name, t)
+                if s is not None and math.isfinite(s.value):
+                    by_priority[name[len(PRIORITY_PREFIX):]] = s.value
+        return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
+
+
+def _check_name(name: str, where: str) -> None:
+    if name not in KNOWN and not name.startswith(PRIORITY_PREFIX):
+        allowed = ", ".join(sorted(KNOWN)) + f", {PRIORITY_PREFIX}<priority>"
+        raise RecordingError(f"{where}: unknown signal {name!r}; known: {allowed}")
+
+
+def _float(text, where: str, field: str) -> float | None:
+    if text is None or (isinstance(text, str) and text.strip() == ""):
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise RecordingError(f"{where}: field {field!r}: not a number: {text!r}") from None
+    return value  # NaN and Inf are kept: the policy reports them as unusable, never as zero
+
+
+def _time(text, where: str, field: str) -> float:
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    if isinstance(text, str):
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise RecordingError(f"{where}: field {field!r}: not seconds or ISO 8601: {text!r}") from None
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=timezone.utc)
+        return stamp.timestamp()
+    raise RecordingError(f"{where}: field {field!r}: missing or not a time: {text!r}")
+
+
+def _from_rows(source: str, rows) -> Recording:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    last_t = -math.inf
+    for where, row in rows:
+        time_field = "t_s" if "t_s" in row else "timestamp"
+        if time_field not in row:
+            raise RecordingError(f"{where}: no time field (expected 't_s' or 'timestamp')")
+        t = _time(row[time_field], where, time_field)
+        if t < last_t:
+            raise RecordingError(f"{where}: field {time_field!r}: time goes backwards ({t} < {last_t})")
+        last_t = t
+        for name, raw in row.items():
+            if name in ("t_s", "timestamp"):
+                continue
+            _check_name(name, where)
+            value = _float(raw, where, name)
+            if value is not None:
+                times, values = series.setdefault(name, ([], []))
+                times.append(t)
+                values.append(value)
+    if not series:
+        raise RecordingError(f"{source}: no samples")
+    return Recording(source, series)
+
+
+def read_csv(path: Path) -> Recording:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames:
+            raise RecordingError(f"{path}:1: empty file, expected a header")
+
+        def rows():
+            for line, row in enumerate(reader, start=2):
+                if None in row:
+                    raise RecordingError(f"{path}:{line}: more fields than the header has")
+                yield f"{path}:{line}", row
+
+        return _from_rows(str(path), rows())
+
+
+def read_jsonl(path: Path) -> Recording:
+    def rows():
+        with path.open() as handle:
+            for line, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise RecordingError(f"{path}:{line}: not JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise RecordingError(f"{path}:{line}: expected a JSON object")
+                yield f"{path}:{line}", row
+
+    return _from_rows(str(path), rows())
+
+
+def _query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:
+    """One signal from a Prometheus query_range response; several series are combined."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise RecordingError(f"{where}: field 'status': expected a successful query_range response")
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        raise RecordingError(f"{where}: field 'data.resultType': expected 'matrix' (a query_range result)")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise RecordingError(f"{where}: field 'data.result': expected a list of series")
+    merged: dict[float, list[float]] = {}
+    for index, series in enumerate(result):
+        values = series.get("values") if isinstance(series, dict) else None
+        if not isinstance(values, list):
+            raise RecordingError(f"{where}: series {index}: field 'values': expected [[time, \"value\"], ...]")
+        for point, pair in enumerate(values):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise RecordingError(f"{where}: series {index} point {point}: field 'values': expected [time, value]")
+            t = _time(pair[0], f"{where}: series {index} point {point}", "time")
+            v = _float(pair[1], f"{where}: series {index} point {point}", "value")
+            if v is not None:
+                merged.setdefault(t, []).append(v)
+    combine = _COMBINE.get(name, sum)
+    times = sorted(merged)
+    return times, [float(combine(merged[t])) for t in times]
+
+
+def read_prometheus(path: Path) -> Recording:
+    bodies: dict[str, tuple[str, object]] = {}
+    if path.is_dir():
+        for file in sorted(path.glob("*.json")):
+            try:
+                bodies[file.stem] = (str(file), json.loads(file.read_text()))
+            except json.JSONDecodeError as exc:
+                raise RecordingError(f"{file}:{exc.lineno}: not JSON: {exc.msg}") from None
+    else:
+        try:
+            document = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RecordingError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+        if not isinstance(document, dict):
+            raise RecordingError(f"{path}: expected an object keyed by signal name")
+        bodies = {name: (f"{path}: signal {name!r}", body) for name, body in document.items()}
+    series = {}
+    for name, (where, body) in bodies.items():
+        _check_name(name, where)
+        times, values = _query_range(name, body, where)
+        if times:
+            series[name] = (times, values)
+    if not series:
+        raise RecordingError(f"{path}: no samples in any signal")
+    return Recording(str(path), series)
+
+
+def read_recording(path: str | Path, fmt: str = "auto") -> Recording:
+    path = Path(path)
+    if not path.exists():
+        raise RecordingError(f"{path}: no such file or folder")
+    if fmt == "auto":
+        if path.is_dir() or path.suffix == ".json":
+            fmt = "prometheus"
+        elif path.suffix == ".jsonl":
+            fmt = "jsonl"
+        elif path.suffix == ".csv":
+            fmt = "csv"
+        else:
+            raise RecordingError(f"{path}: cannot tell the format; pass --format csv, jsonl or prometheus")
+    readers = {"csv": read_csv, "jsonl": read_jsonl, "prometheus": read_prometheus}
+    if fmt not in readers:
+        raise RecordingError(f"unknown format {fmt!r}; choose csv, jsonl or prometheus")
+    return readers[fmt](path)

@@ -1,0 +1,52 @@
+"""Small builders of signals for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policies import ClusterState, PolicySpec, Sample, Signals
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_TRACE = ROOT / "loadtest" / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
+
+
+def signals(
+    now: float,
+    *,
+    rate: float | None = 10.0,
+    queue: float | None = 0.0,
+    in_flight: float | None = None,
+    p99: float | None = None,
+    headroom: float | None = None,
+    service: float | None = 1.0,
+    spec_replicas: int = 4,
+    ready: int | None = None,
+    warm: int = 0,
+    startups: tuple[float, ...] = (),
+    by_priority: dict | None = None,
+    age: float = 0.0,
+) -> Signals:
+    at = now - age
+
+    def s(v):
+        return None if v is None else Sample(v, at)
+
+    return Signals(
+        cluster=ClusterState(
+            spec_replicas=spec_replicas,
+            ready_replicas=spec_replicas if ready is None else ready,
+            starting_replicas=spec_replicas - (spec_replicas if ready is None else ready),
+            warm_slots_ready=warm,
+            startup_durations_s=startups,
+            at_s=now,
+        ),
+        queue_depth=s(queue),
+        in_flight=s(in_flight if in_flight is not None else (rate * service if rate and service else 0.0)),
+        p99_latency_s=s(p99),
+        gpu_memory_headroom_ratio=s(headroom),
+        arrival_rate_per_s=s(rate),
+        service_time_s=s(service),
+        arrival_rate_by_priority=by_priority or {},
+    )
+
+

@@ -1,0 +1,115 @@
+"""The whole policy as timelines: set signals, advance `now`, expect a decision."""
+
+import math
+
+from policies import ClusterState, PolicySpec, Sample, Signals, decide, initial_state
+
+from helpers import signals
+
+
+def run(spec, steps, state=None):
+    state = state or initial_state()
+    decisions = []
+    for now, sig in steps:
+        d, state = decide(spec, state, sig, now)
+        decisions.append(d)
+    return decisions, state
+
+
+def test_no_cluster_state_is_an_invalid_hold(spec):
+    d, _ = decide(spec, initial_state(), Signals(), 0.0)
+    assert not d.valid and "no usable cluster state" in d.reasons[0]
+
+
+def test_no_demand_signal_is_an_invalid_hold(spec):
+    sig = Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=6, at_s=0.0))
+    d, _ = decide(spec, initial_state(), sig, 0.0)
+    assert not d.valid and d.replicas == 6 and "no demand signal" in d.reasons[0]
+
+
+def test_steady_load_settles_and_scales_down_after_the_window(spec):
+    # 40 req/s x 1 s = 40 busy slots; at 8 slots per replica and a 2 s SLO that needs 6 replicas.
+    steps, replicas = [], 20
+    decisions = []
+    state = initial_state()
+    for i in range(120):
+        now = i * 15.0
+        d, state = decide(spec, state, signals(now, rate=40.0, service=1.0, spec_replicas=replicas), now)
+        replicas = d.replicas
+        decisions.append(d)
+    assert decisions[0].replicas == 20  # a fresh controller does not scale down at once
+    assert decisions[-1].replicas == 6
+    assert all(d.valid for d in decisions)
+    assert any("holding" in r for r in decisions[5].reasons)
+
+
+def test_sustained_surge_scales_up_and_sheds_until_capacity_lands(spec):
+    state, replicas = initial_state(), 6
+    for i in range(40):
+        _, state = decide(spec, state, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=replicas), i * 15.0)
+    rates = {"critical": 20.0, "standard": 50.0, "sheddable": 30.0}
+    d = None
+    for i in range(40, 44):
+        now = i * 15.0
+        sig = signals(now, rate=100.0, service=1.0, spec_replicas=replicas, ready=6, queue=50.0, by_priority=rates)
+        d, state = decide(spec, state, sig, now)
+        replicas = max(replicas, d.replicas)
+    assert d.replicas > 6
+    assert d.shed["sheddable"] > 0
+    assert "critical" not in d.shed and d.shed.get("standard", 0.0) == 0.0
+    assert d.saturation_queue_depth["sheddable"] < d.saturation_queue_depth["standard"]
+
+
+def test_stale_data_holds_and_never_scales_down(spec):
+    state = initial_state()
+    for i in range(10):
+        _, state = decide(spec, state, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=12), i * 15.0)
+    later = 1000.0
+    d, _ = decide(spec, state, signals(later, rate=1.0, service=1.0, spec_replicas=12, age=600.0), later)
+    assert d.replicas == 12
+    assert not d.valid or any("stale" in r for r in d.reasons)
+
+
+def test_missing_in_flight_with_a_rate_may_scale_up_but_not_down(spec):
+    state = initial_state()
+    for i in range(50):
+        now = i * 15.0
+        sig = signals(now, rate=5.0, service=1.0, spec_replicas=10)
+        sig = Signals(**{**{f: getattr(sig, f) for f in sig.__slots__}, "queue_depth": Sample(math.nan, now)})
+        d, state = decide(spec, state, sig, now)
+        assert d.replicas >= 10
+        assert any("dropped queue_depth" in r for r in d.reasons)
+
+
+def test_learned_startup_extends_the_lead_time(spec):
+    state = initial_state()
+    d0, state = decide(spec, state, signals(0.0, warm=1), 0.0)
+    assert d0.lead_time_s == spec.default_startup_s
+    d1, state = decide(spec, state, signals(15.0, warm=1, startups=(400.0, 410.0, 420.0)), 15.0)
+    assert d1.lead_time_s >= 400.0
+    d2, _ = decide(spec, state, signals(30.0, warm=0), 30.0)
+    assert d2.lead_time_s == d1.lead_time_s + spec.node_provisioning_s
+
+
+def test_every_decision_explains_itself(spec):
+    decisions, _ = run(spec, [(i * 15.0, signals(i * 15.0, rate=10.0 + i, spec_replicas=4)) for i in range(30)])
+    assert all(d.reasons for d in decisions)
+    assert any(r.startswith("predictive:") for r in decisions[-1].reasons)
+
+
+def test_a_signal_that_vanishes_holds_but_one_never_configured_does_not(spec):
+    state = initial_state()
+    for i in range(10):
+        _, state = decide(spec, state, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=12), i * 15.0)
+    gone = signals(150.0, rate=1.0, service=1.0, spec_replicas=12)
+    gone = Signals(cluster=gone.cluster, arrival_rate_per_s=gone.arrival_rate_per_s, in_flight=gone.in_flight)
+    d, _ = decide(spec, state, gone, 150.0)
+    assert d.replicas >= 12 and any("missing (reported before)" in r for r in d.reasons)
+    # a deployment that never reported a queue can still scale down once the window has passed
+    state, replicas = initial_state(), 12
+    for i in range(80):
+        sig = signals(i * 15.0, rate=1.0, service=1.0, spec_replicas=replicas)
+        sig = Signals(cluster=sig.cluster, arrival_rate_per_s=sig.arrival_rate_per_s, in_flight=sig.in_flight)
+        d, state = decide(spec, state, sig, i * 15.0)
+        replicas = d.replicas
+    assert replicas < 12

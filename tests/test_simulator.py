@@ -1,0 +1,115 @@
+"""The simulated cluster and its queueing, checked against Erlang C."""
+
+import numpy as np
+import pytest
+
+from loadtest.sim.cluster import ClusterModel, SimCluster
+from loadtest.sim.rate import RateSim
+from loadtest.sim.request import RequestSim
+from loadtest.workload import RateWorkload, RequestWorkload
+from policies.queueing import erlang_c, mean_wait
+
+
+def _poisson_workload(rate: float, service: float, span: float, seed: int = 11) -> RequestWorkload:
+    rng = np.random.default_rng(seed)
+    n = int(rate * span * 1.2)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    arrivals = arrivals[arrivals < span]
+    n = len(arrivals)
+    return RequestWorkload(
+        name="mmc", scale=1.0, arrival_s=arrivals, service_s=rng.exponential(service, n),
+        output_tokens=np.ones(n), priority=np.ones(n, dtype=np.int8), uniform=rng.random(n), span_s=span,
+    )
+
+
+@pytest.mark.parametrize("servers,rho", [(4, 0.75), (16, 0.85), (32, 0.9)])
+def test_request_simulation_matches_erlang_c(servers, rho):
+    """M/M/c with fixed servers: P(wait > 0) and E[W] within 10 % (relative) of Erlang C. Tolerance covers
+    the sampling error of ~10^5 requests and the cold (empty) start."""
+    service = 1.0
+    rate = rho * servers / service
+    span = 120000.0 / rate
+    workload = _poisson_workload(rate, service, span)
+    cluster = SimCluster.started(ClusterModel(), replicas=servers, now=0.0)
+    sim = RequestSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    t = 0.0
+    while t < span:
+        sim.serve(t, t + 15.0, cluster, {})
+        t += 15.0
+    sim.finish(span)
+    waits = sim.wait[~np.isnan(sim.wait)]
+    offered = rate * service
+    assert (waits > 0).mean() == pytest.approx(erlang_c(servers, offered), rel=0.1)
+    assert waits.mean() == pytest.approx(mean_wait(servers, offered, service), rel=0.1)
+
+
+def test_rate_simulation_relaxes_to_erlang_c():
+    """Held load: the rate-level queue reaches the stationary M/M/c waiting probability."""
+    n = 400
+    tick = 15.0
+    rate, service, slots = 10.0, 3.0, 36
+    workload = RateWorkload(
+        name="flat", scale=1.0, window_s=tick, rate_per_s=np.full(n, rate), client_rate_per_s=np.full((1, n), rate),
+        client_cv2=np.full((1, n), 1e-6), service_s=np.full(n, service), output_tokens=np.zeros(n),
+        priority_mix=(0.2, 0.5, 0.3), span_s=n * tick,
+    )
+    cluster = SimCluster.started(ClusterModel(), replicas=slots, now=0.0)
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=tick)
+    for i in range(n):
+        sim.serve(i * tick, (i + 1) * tick, cluster, {})
+    assert sim.c_eff == pytest.approx(erlang_c(slots, rate * service), rel=0.02)
+    assert sim.backlog == 0.0
+
+
+def test_new_replica_waits_for_a_node_unless_a_warm_slot_is_free():
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0)
+    cluster = SimCluster.started(model, replicas=1, now=0.0)
+    cluster.scale_to(2)
+    assert cluster.pods[-1].ready_s == pytest.approx(400.0)
+    cluster.warm_to(1)  # placeholder needs a node too
+    cluster.advance(300.0)
+    assert len(cluster.warm_ready) == 1
+    cluster.scale_to(3)
+    assert cluster.pods[-1].ready_s == pytest.approx(400.0)  # 300 + start-up only
+    assert len(cluster.warm_ready) == 0
+
+
+def test_freed_slot_is_reused_before_a_new_node():
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0)
+    cluster = SimCluster.started(model, replicas=3, now=0.0)
+    cluster.advance(50.0)
+    cluster.scale_to(2)
+    cluster.scale_to(3)
+    assert cluster.pods[-1].ready_s == pytest.approx(150.0)
+    assert cluster.scaling_actions == 2
+
+
+def test_costs_count_warming_serving_warm_and_idle():
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=0.0,
+                         node_jitter_ratio=0.0, node_idle_timeout_s=600.0)
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    cluster.scale_to(1)  # warming 0-100, serving 100-1000
+    cluster.advance(1000.0)
+    cluster.scale_to(0)  # idle node 1000-1600
+    cluster.advance(2000.0)
+    costs = cluster.finish()
+    assert costs.warming_s == pytest.approx(100.0)
+    assert costs.serving_s == pytest.approx(900.0)
+    assert costs.idle_s == pytest.approx(600.0)
+    assert costs.total_gpu_hours == pytest.approx(1600.0 / 3600.0)
+
+
+def test_shedding_and_guard_reject_only_what_they_should():
+    workload = _poisson_workload(rate=50.0, service=1.0, span=300.0)
+    workload.priority[:] = np.arange(len(workload.priority)) % 3  # critical, standard, sheddable
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RequestSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    t = 0.0
+    while t < 300.0:
+        sim.serve(t, t + 15.0, cluster, {"sheddable": 0.5}, {"sheddable": 5, "standard": 10})
+        t += 15.0
+    sim.finish(300.0)
+    outcome = sim.outcome()
+    assert outcome["shed_by_class"]["critical"] == 0.0
+    assert 0.5 < outcome["shed_by_class"]["sheddable"] <= 1.0
+    assert outcome["shed_by_class"]["standard"] > 0.0  # overloaded 5x: the guard must act

@@ -1,0 +1,246 @@
+"""Each stage of the predictive policy on its own: set inputs, expect a result."""
+
+import math
+
+import numpy as np
+import pytest
+
+from policies import PolicySpec, Sample, Signals
+from policies.stages import forecast as fc
+from policies.stages.bounds import bound
+from policies.stages.combine import combine, remember_reactive
+from policies.stages.feedback import slo_feedback
+from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
+from policies.stages.reactive import learn_service_time, reactive
+from policies.stages.sanitize import sanitize
+from policies.stages.shedding import saturation_depths, shed_levels
+from policies.stages.warmpool import warm_slots
+from policies.types import ForecastState
+
+from helpers import signals
+
+
+# -- sanitize ---------------------------------------------------------------------------------------------
+def test_sanitize_drops_nan_negative_stale_and_future_values(spec):
+    raw = Signals(
+        cluster=signals(100.0).cluster,
+        queue_depth=Sample(math.nan, 100.0),
+        in_flight=Sample(-1.0, 100.0),
+        p99_latency_s=Sample(1.0, 100.0 - spec.max_signal_age_s - 1),
+        token_rate_per_s=Sample(5.0, 130.0),
+        arrival_rate_per_s=Sample(3.0, 99.0),
+    )
+    clean, _ = sanitize(spec, raw, None, 100.0)
+    assert (clean.queue_depth, clean.in_flight, clean.p99_latency_s, clean.token_rate_per_s) == (None,) * 4
+    assert clean.arrival_rate_per_s == 3.0
+    assert len(clean.dropped) == 4
+    assert any("stale" in d for d in clean.dropped) and any("future" in d for d in clean.dropped)
+
+
+def test_counter_rate_and_reset(spec):
+    first = Signals(cluster=signals(0.0).cluster, arrivals_total=Sample(1000.0, 0.0))
+    clean, last = sanitize(spec, first, None, 0.0)
+    assert clean.arrival_rate_per_s is None and last == (1000.0, 0.0)
+    second = Signals(cluster=signals(15.0).cluster, arrivals_total=Sample(1150.0, 15.0))
+    clean, last = sanitize(spec, second, last, 15.0)
+    assert clean.arrival_rate_per_s == pytest.approx(10.0)
+    reset = Signals(cluster=signals(30.0).cluster, arrivals_total=Sample(20.0, 30.0))
+    clean, last = sanitize(spec, reset, last, 30.0)
+    assert clean.arrival_rate_per_s is None
+    assert any("counter reset" in d for d in clean.dropped)
+    assert last == (20.0, 30.0)
+
+
+# -- reactive ---------------------------------------------------------------------------------------------
+def test_reactive_worked_example_from_docstring():
+    spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
+    clean, _ = sanitize(spec, signals(0.0, rate=30.0, service=2.0, queue=0.0), None, 0.0)
+    n, _ = reactive(spec, clean, 2.0)
+    assert n == 5
+    clean, _ = sanitize(spec, signals(0.0, rate=30.0, service=2.0, queue=40.0), None, 0.0)
+    n, reasons = reactive(spec, clean, 2.0)
+    assert n == 7 and "queue 40" in reasons[0]
+
+
+def test_reactive_pressure_from_latency_and_memory(spec):
+    spec = spec.model_copy(update={"p99_latency_target_s": 1.0})
+    clean, _ = sanitize(spec, signals(0.0, rate=1.0, p99=3.0, spec_replicas=10), None, 0.0)
+    n, reasons = reactive(spec, clean, 1.0)
+    assert n == 11 and "p99" in reasons[0]
+    clean, _ = sanitize(spec, signals(0.0, rate=1.0, headroom=0.01, spec_replicas=10), None, 0.0)
+    n, reasons = reactive(spec, clean, 1.0)
+    assert n == math.ceil(10 * 0.99 / 0.95) and "memory" in reasons[0]
+
+
+def test_service_time_prefers_the_measured_value_and_falls_back_to_littles_law(spec):
+    clean, _ = sanitize(spec, signals(0.0, rate=10.0, service=3.0, in_flight=50.0), None, 0.0)
+    assert learn_service_time(spec, None, clean) == 3.0
+    no_measure = signals(0.0, rate=10.0, service=None, in_flight=50.0)
+    clean, _ = sanitize(spec, no_measure, None, 0.0)
+    assert learn_service_time(spec, None, clean) == pytest.approx(5.0)
+    busy_queue = signals(0.0, rate=10.0, service=None, in_flight=50.0, queue=100.0)
+    clean, _ = sanitize(spec, busy_queue, None, 0.0)
+    assert learn_service_time(spec, 2.0, clean) == 2.0  # saturated: Little's law on arrivals is wrong
+
+
+# -- lead time --------------------------------------------------------------------------------------------
+def test_lead_time_learns_a_high_percentile_and_adds_node_provisioning(spec):
+    assert startup_s(spec, ()) == spec.default_startup_s
+    samples = ()
+    for d in range(100, 200, 10):
+        clean, _ = sanitize(spec, signals(0.0, startups=(float(d),)), None, 0.0)
+        samples = remember_startups(spec, samples, clean)
+    assert startup_s(spec, samples) == 190.0
+    assert lead_time_s(spec, 190.0, warm_slots_ready=0) == 190.0 + spec.node_provisioning_s
+    assert lead_time_s(spec, 190.0, warm_slots_ready=2) == 190.0
+
+
+# -- forecast ---------------------------------------------------------------------------------------------
+def _feed(spec, rates, tick=15.0, start=0.0):
+    fs = ForecastState()
+    t = start
+    for r in rates:
+        fs = fc.observe(spec, fs, r, t)
+        t += tick
+    return fs, t
+
+
+def test_forecast_moves_from_level_to_holt_to_holt_winters():
+    spec = PolicySpec(season_s=3600.0, forecast_bucket_s=300.0, refit_interval_s=3600.0)
+    fs, _ = _feed(spec, [10.0] * 20 * 3)  # 3 buckets
+    assert fs.kind == "level"
+    fs, _ = _feed(spec, [10.0] * 20 * 7)
+    assert fs.kind == "holt"
+    fs, _ = _feed(spec, [10.0] * 20 * 12 * 2 + [10.0] * 20)
+    assert fs.kind == "holt-winters"
+
+
+def test_seasonal_forecast_predicts_the_daily_peak():
+    """Three 'days' of a 1-hour season: the forecast an hour-quarter ahead follows the cycle, which a level
+    model cannot."""
+    spec = PolicySpec(season_s=3600.0, forecast_bucket_s=300.0, refit_interval_s=1800.0)
+    t = np.arange(0, 3 * 3600, 15.0)
+    rates = 100 + 60 * np.sin(2 * np.pi * t / 3600.0)
+    fs, now = _feed(spec, rates)
+    assert fs.kind == "holt-winters"
+    truth = 100 + 60 * np.sin(2 * np.pi * (now + 900) / 3600.0)
+    mean, upper = fc.forecast(spec, fs, now=now, start_s=900.0, end_s=900.0)
+    assert mean == pytest.approx(truth, abs=12.0)
+    assert upper >= mean
+
+
+def test_cheap_update_continues_the_fitted_filter():
+    """Between refits, one recursion step per bucket equals what statsmodels' own filter would give."""
+    from statsmodels.tsa.holtwinters import ExponentialSmoothing
+
+    spec = PolicySpec(season_s=3600.0, forecast_bucket_s=300.0, refit_interval_s=10 * 86400.0)
+    rng = np.random.default_rng(2)
+    buckets = 100 + 30 * np.sin(2 * np.pi * np.arange(40) / 12) + rng.normal(0, 2, 40)
+    fs = ForecastState(bucket_start_s=0.0, history=tuple(buckets[:36]))
+    fs = fc._fit(spec, fs, now=0.0)
+    for y in buckets[36:]:
+        fs = fc._step(fs, float(y))
+    model = ExponentialSmoothing(buckets[:36], trend="add", damped_trend=True, seasonal="add", seasonal_periods=12,
+                                 initialization_method="heuristic")
+    fitted = model.fit()
+    params = {k: fitted.params[k] for k in ("smoothing_level", "smoothing_trend", "smoothing_seasonal",
+                                             "damping_trend", "initial_level", "initial_trend")}
+    params["initial_seasons"] = fitted.params["initial_seasons"]
+    continued = ExponentialSmoothing(buckets, trend="add", damped_trend=True, seasonal="add", seasonal_periods=12,
+                                     initialization_method="known", initial_level=params["initial_level"],
+                                     initial_trend=params["initial_trend"],
+                                     initial_seasonal=params["initial_seasons"]).fit(
+        smoothing_level=params["smoothing_level"], smoothing_trend=params["smoothing_trend"],
+        smoothing_seasonal=params["smoothing_seasonal"], damping_trend=params["damping_trend"], optimized=False)
+    assert fs.level == pytest.approx(continued.level[-1], rel=1e-6)
+    assert fc.point(fs, 1) == pytest.approx(continued.forecast(1)[0], rel=1e-6)
+
+
+def test_upper_bound_tracks_on_off_bursts_without_multiplying_them():
+    """On/off traffic: bursts at 600 req/s, gaps at 0. The bound sits near the burst height, not at the
+    bucket mean times the burst ratio."""
+    spec = PolicySpec()
+    pattern = ([600.0] * 6 + [0.0] * 10) * 20
+    fs, now = _feed(spec, pattern)
+    mean, upper = fc.forecast(spec, fs, now=now, start_s=420.0, end_s=435.0)
+    assert mean < 400.0
+    assert 550.0 <= upper <= 700.0
+
+
+def test_missing_rate_learns_nothing():
+    spec = PolicySpec()
+    fs, now = _feed(spec, [10.0] * 30)
+    assert fc.observe(spec, fs, None, now).bucket_n == fs.bucket_n
+
+
+# -- combine / bounds ---------------------------------------------------------------------------------------
+def test_short_burst_is_not_provisioned_until_sustained(spec):
+    recent = remember_reactive(spec, (), 5, 0.0)
+    recent = remember_reactive(spec, recent, 5, 15.0)
+    recent = remember_reactive(spec, recent, 20, 30.0)
+    n, reasons = combine(spec, reactive=20, recent=recent, predictive=6)
+    assert n == 6 and "forecast" in reasons[0]
+    recent = remember_reactive(spec, recent, 20, 45.0)
+    recent = remember_reactive(spec, recent, 20, 60.0)
+    n, _ = combine(spec, reactive=20, recent=recent, predictive=6)
+    assert n == 20
+
+
+def test_stabilization_holds_the_window_maximum_and_a_fresh_start_holds_current(spec):
+    n, history, reasons = bound(spec, wanted=3, current=10, recommendations=(), lead_s=120.0, now=0.0)
+    assert n == 10 and "holding" in reasons[0]
+    n, history, _ = bound(spec, wanted=3, current=10, recommendations=history, lead_s=120.0, now=300.0)
+    assert n == 10
+    n, history, _ = bound(spec, wanted=3, current=10, recommendations=history, lead_s=120.0, now=601.0)
+    assert n == 3
+
+
+def test_stabilization_window_is_never_shorter_than_lead_time(spec):
+    n, history, _ = bound(spec, wanted=10, current=10, recommendations=(), lead_s=900.0, now=0.0)
+    n, _, _ = bound(spec, wanted=2, current=10, recommendations=history, lead_s=900.0, now=800.0)
+    assert n == 10
+
+
+def test_scale_up_rate_limit_and_bounds(spec):
+    n, _, reasons = bound(spec, wanted=90, current=10, recommendations=((0.0, 10),), lead_s=0.0, now=1.0)
+    assert n == 20 and "limited" in reasons[-1]
+    n, _, _ = bound(spec, wanted=500, current=100, recommendations=((0.0, 100),), lead_s=0.0, now=1.0)
+    assert n == spec.max_replicas
+
+
+# -- warm pool / shedding / feedback ------------------------------------------------------------------------
+def test_warm_pool_holds_forecast_growth_within_limits(spec):
+    assert warm_slots(spec, replicas=10, peak_replicas=14)[0] == 4
+    assert warm_slots(spec, replicas=10, peak_replicas=40)[0] == spec.max_warm_slots
+    assert warm_slots(spec, replicas=10, peak_replicas=8)[0] == 0
+    assert warm_slots(spec, replicas=10, peak_replicas=None)[0] == 0
+
+
+def test_shedding_takes_the_excess_from_the_lowest_priority_only(spec):
+    rates = {"critical": 20.0, "standard": 50.0, "sheddable": 30.0}
+    clean, _ = sanitize(spec, signals(0.0, rate=100.0, service=1.0, spec_replicas=10, by_priority=rates), None, 0.0)
+    levels, reasons = shed_levels(spec, clean, 1.0)
+    assert set(levels) == {"sheddable"}
+    assert 0.0 < levels["sheddable"] <= 1.0 and reasons
+    clean, _ = sanitize(spec, signals(0.0, rate=20.0, service=1.0, spec_replicas=10, by_priority=rates), None, 0.0)
+    assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
+
+
+def test_saturation_guard_never_covers_the_highest_priority():
+    spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
+    depths = saturation_depths(spec, ready_replicas=40, service_s=0.7)
+    assert set(depths) == {"sheddable", "standard"}
+    assert depths["sheddable"] == int(640 * 0.5 * 2 / 0.7)
+    assert depths["standard"] == int(640 * 0.8 * 2 / 0.7)
+    with pytest.raises(ValueError, match="highest priority"):
+        PolicySpec(guard_priority_below=2)
+
+
+def test_slo_feedback_learns_only_from_misses_with_capacity_in_place(spec):
+    spec = spec.model_copy(update={"p99_latency_target_s": 2.0})
+    clean, _ = sanitize(spec, signals(0.0, p99=5.0), None, 0.0)
+    assert slo_feedback(spec, 1.0, clean, model_satisfied=True)[0] == pytest.approx(1.05)
+    assert slo_feedback(spec, 1.0, clean, model_satisfied=False)[0] == 1.0
+    quiet, _ = sanitize(spec, signals(0.0, p99=0.1), None, 0.0)
+    assert slo_feedback(spec, 1.5, quiet, model_satisfied=True)[0] == pytest.approx(1.5 * 0.998)
+    assert slo_feedback(spec, 2.0, clean, model_satisfied=True)[0] == spec.max_headroom_ratio
