@@ -1,12 +1,16 @@
 # Two commands on a fresh machine:
 #   make demo  - install everything, replay the bundled trace with every policy and print the comparison
-#   make test  - install everything, check the layering contract, run every test
+#   make test  - install everything (Python packages, Debian's prometheus and nginx, the Kubernetes test
+#                binaries built from Go modules when missing), check the layering contract, run every test
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+SYSTEM_STAMP := $(VENV)/.system
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test bench lint clean system kube proto
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -19,10 +23,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m loadtest.bench
 
+# Real servers the integration tests start: Prometheus and nginx from Debian.
+$(SYSTEM_STAMP): $(STAMP)
+	@command -v prometheus >/dev/null && command -v nginx >/dev/null || \
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq prometheus nginx)
+	touch $@
+
+system: $(SYSTEM_STAMP)
+
+# kube-apiserver, etcd, kube-scheduler, kube-controller-manager and kwok, cached outside the repository.
+kube:
+	@tests/kube/build.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-test: lint
+test: lint system
 	$(PY) -m pytest
 
 # Every trace in ../shared/traces (research data, not needed by demo or test).
@@ -31,3 +47,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis replay-out
+
+# Regenerate the KEDA gRPC stubs after editing the proto.
+proto: $(STAMP)
+	cd autoscaler/keda && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. externalscaler.proto
+	sed -i 's/^import externalscaler_pb2 as/from autoscaler.keda import externalscaler_pb2 as/' autoscaler/keda/externalscaler_pb2_grpc.py

@@ -2,6 +2,7 @@
 
     autoscaler replay INPUT [--mode open-loop|simulated] [--format auto|csv|jsonl|prometheus|trace]
                             [--policy POLICY.yaml] [--out DIR]
+    autoscaler record --config CONFIG.yaml --start T --end T [--step-s 15] --out FILE.json
 
 `replay` is the dry run: it reads recorded signals (a Prometheus query_range export, CSV or JSONL) or a
 trace, runs the very same `policies.decide` the controller runs, and writes a CSV timeline and a PNG plot.
@@ -120,6 +121,57 @@ def _replay_trace(args: argparse.Namespace, spec, out: Path) -> int:
     return 0
 
 
+def _when(text: str) -> float:
+    """Unix seconds, ISO 8601, 'now', or 'now-<N>h/m/s'."""
+    import time as _time
+    from datetime import datetime, timezone
+
+    text = text.strip()
+    if text.startswith("now"):
+        rest = text[3:]
+        if not rest:
+            return _time.time()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        if rest[0] == "-" and rest[-1] in units:
+            try:
+                return _time.time() - float(rest[1:-1]) * units[rest[-1]]
+            except ValueError:
+                pass
+        raise ConfigError(f"time {text!r}: expected now, now-<N>[smhd], unix seconds or ISO 8601")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"time {text!r}: expected now, now-<N>[smhd], unix seconds or ISO 8601") from None
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def record_command(args: argparse.Namespace) -> int:
+    from autoscaler.config import load_config
+    from autoscaler.errors import EdgeError
+    from autoscaler.record import record, replica_queries
+
+    settings = load_config(args.config)
+    url = args.prometheus_url or settings.prometheus.url
+    if not url:
+        raise ConfigError("record needs prometheus.url in the config or --prometheus-url")
+    queries = dict(settings.queries)
+    queries.update(replica_queries(settings.target.namespace, settings.target.kind, settings.target.name))
+    try:
+        counts = record(url, queries, start=_when(args.start), end=_when(args.end), step_s=args.step_s,
+                        out=Path(args.out))
+    except EdgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, count in counts.items():
+        print(f"{name:<28} {count} points")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoscaler", description="Predictive autoscaling for GPU model servers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="replay-out", help="folder for timeline.csv and timeline.png")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(handler=replay)
+    r = sub.add_parser("record", help="export a time range of the configured signals from Prometheus")
+    r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus)")
+    r.add_argument("--prometheus-url", default=None, help="override prometheus.url")
+    r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd]")
+    r.add_argument("--end", default="now")
+    r.add_argument("--step-s", type=float, default=15.0)
+    r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay`")
+    r.set_defaults(handler=record_command)
     return parser
 
 

@@ -1,0 +1,98 @@
+"""The admission endpoint gateways ask per request: shed low priorities while capacity is on its way.
+
+Two HTTP contracts on one server:
+- Envoy ext_authz (HTTP service): any path under `/ext_authz/`; 2xx allows; a denial is 429 with
+  Retry-After, which Envoy returns to the client.
+- nginx `auth_request`: `/auth_request`; 2xx allows, 403 denies (nginx turns any other status into a 500),
+  with Retry-After and X-Shed-Reason for an `error_page 403` that answers 429 (see deploy/ and the tests).
+
+Priority comes from a request header: an integer (Gateway API convention: below 0 is sheddable; it maps
+to the class with the largest priority not above it) or a class name. A missing header is the default
+class; an unknown name too. The highest class is always admitted. Shed fractions are applied exactly, by
+error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
+not depend on chance. The saturation guard rejects a class while the live queue is at least its depth.
+Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
+cannot decide must not block traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from aiohttp import web
+
+from autoscaler.board import DecisionBoard
+
+
+class Admission:
+    def __init__(self, board: DecisionBoard, *, priorities: dict[str, int], header: str, default_class: str,
+                 retry_after_s: int, live_queue: Callable[[], float | None] | None = None,
+                 on_result: Callable[[str, str], None] | None = None) -> None:
+        self.board = board
+        self.priorities = dict(priorities)
+        self.top = max(priorities.values())
+        self.header = header
+        self.default = default_class
+        self.retry_after = str(retry_after_s)
+        self.live_queue = live_queue or (lambda: board.latest.queue_depth if board.latest else None)
+        self.on_result = on_result or (lambda cls, result: None)
+        self._debt: dict[str, float] = {name: 0.0 for name in priorities}
+        self._by_value = sorted((v, name) for name, v in priorities.items())
+
+    def classify(self, raw: str | None) -> str:
+        if raw is None or not raw.strip():
+            return self.default
+        raw = raw.strip()
+        if raw in self.priorities:
+            return raw
+        try:
+            value = int(raw)
+        except ValueError:
+            return self.default
+        chosen = self._by_value[0][1]
+        for v, name in self._by_value:
+            if v <= value:
+                chosen = name
+        return chosen
+
+    def decide(self, cls: str) -> str | None:
+        """None to admit, or the reason to reject."""
+        latest = self.board.latest
+        if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
+            return None
+        depth = latest.decision.saturation_queue_depth.get(cls)
+        queue = self.live_queue()
+        if depth is not None and queue is not None and queue >= depth:
+            return f"saturated: queue {queue:.0f} >= {depth} for {cls}"
+        fraction = float(latest.decision.shed.get(cls, 0.0))
+        if fraction <= 0.0:
+            self._debt[cls] = 0.0
+            return None
+        self._debt[cls] += fraction
+        if self._debt[cls] >= 1.0:
+            self._debt[cls] -= 1.0
+            return f"shedding {fraction:.0%} of {cls}"
+        return None
+
+    def _answer(self, request: web.Request, deny_status: int) -> web.Response:
+        cls = self.classify(request.headers.get(self.header))
+        reason = self.decide(cls)
+        if reason is None:
+            self.on_result(cls, "admitted")
+            return web.Response(status=200)
+        self.on_result(cls, "rejected")
+        return web.Response(status=deny_status, text=reason + "\n",
+                            headers={"Retry-After": self.retry_after, "X-Shed-Reason": reason})
+
+    async def ext_authz(self, request: web.Request) -> web.Response:
+        return self._answer(request, 429)
+
+    async def auth_request(self, request: web.Request) -> web.Response:
+        return self._answer(request, 403)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/auth_request", self.auth_request)
+        app.router.add_route("*", "/ext_authz/{tail:.*}", self.ext_authz)
+        app.router.add_route("*", "/ext_authz", self.ext_authz)
+        return app

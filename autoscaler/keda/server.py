@@ -1,0 +1,98 @@
+"""KEDA external scaler (gRPC, package `externalscaler`): KEDA's HPA follows the published replica count.
+
+The one metric has target 1 and value = the replicas to run, so the HPA's AverageValue rule
+ceil(value / target) gives exactly the decision. Answers come from the latest decision in memory; no RPC
+waits on I/O. Before the first decision GetMetrics answers UNAVAILABLE (KEDA keeps the current scale);
+an invalid decision publishes the current replica count (hold). A ScaledObject other than the configured
+one, or another metric name, gets NOT_FOUND; an empty name INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from autoscaler.board import DecisionBoard
+from autoscaler.keda import externalscaler_pb2 as pb
+from autoscaler.keda import externalscaler_pb2_grpc as pb_grpc
+
+
+class ExternalScaler(pb_grpc.ExternalScalerServicer):
+    def __init__(self, board: DecisionBoard, *, namespace: str, scaled_object: str, metric_name: str) -> None:
+        self.board = board
+        self.namespace = namespace
+        self.scaled_object = scaled_object
+        self.metric_name = metric_name
+
+    async def _check(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> None:
+        if not ref.name or not ref.namespace:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ScaledObjectRef needs a name and a namespace")
+        if (ref.namespace, ref.name) != (self.namespace, self.scaled_object):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown ScaledObject {ref.namespace}/{ref.name}; this scaler serves "
+                f"{self.namespace}/{self.scaled_object}",
+            )
+
+    def _active(self) -> bool:
+        latest = self.board.latest
+        return latest is not None and latest.replicas > 0
+
+    async def IsActive(self, request, context):  # noqa: N802 (gRPC names)
+        await self._check(request, context)
+        return pb.IsActiveResponse(result=self._active())
+
+    async def StreamIsActive(self, request, context):  # noqa: N802
+        await self._check(request, context)
+        last = None
+        while True:
+            active = self._active()
+            if active != last:
+                yield pb.IsActiveResponse(result=active)
+                last = active
+            await self.board.wait_change(timeout_s=30.0)
+
+    def _spec(self) -> pb.GetMetricSpecResponse:
+        return pb.GetMetricSpecResponse(
+            metricSpecs=[pb.MetricSpec(metricName=self.metric_name, targetSize=1, targetSizeFloat=1.0)]
+        )
+
+    async def GetMetricSpec(self, request, context):  # noqa: N802
+        await self._check(request, context)
+        return self._spec()
+
+    async def StreamMetricSpec(self, request, context):  # noqa: N802
+        await self._check(request, context)
+        yield self._spec()  # the spec never changes; keep the stream open until KEDA closes it
+        while True:
+            await asyncio.sleep(3600)
+
+    async def GetMetrics(self, request, context):  # noqa: N802
+        await self._check(request.scaledObjectRef, context)
+        if request.metricName and request.metricName != self.metric_name:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metricName!r}; this scaler publishes "
+                f"{self.metric_name!r}"
+            )
+        latest = self.board.latest
+        if latest is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no decision yet")
+        replicas = latest.replicas
+        return pb.GetMetricsResponse(
+            metricValues=[pb.MetricValue(metricName=self.metric_name, metricValue=replicas,
+                                         metricValueFloat=float(replicas))]
+        )
+
+
+async def start(board: DecisionBoard, *, host: str, port: int, namespace: str, scaled_object: str,
+                metric_name: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalScalerServicer_to_server(
+        ExternalScaler(board, namespace=namespace, scaled_object=scaled_object, metric_name=metric_name), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the KEDA gRPC server to {host}:{port}")
+    await server.start()
+    return server

@@ -1,0 +1,95 @@
+"""PromQL for each model server, per signal. `$selector` is replaced by the target's label matchers.
+
+Counters are read through rate() over one minute, so Prometheus handles counter resets; a series that is
+absent gives no sample (never a zero). Every query can be overridden in the config."""
+
+from __future__ import annotations
+
+from string import Template
+
+PRESETS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "queue_depth": "sum(vllm:num_requests_waiting{$selector})",
+        "in_flight": "sum(vllm:num_requests_running{$selector})",
+        "p99_latency_s": (
+            "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{$selector}[1m])))"
+        ),
+        "gpu_memory_headroom_ratio": "1 - avg(vllm:kv_cache_usage_perc{$selector})",
+        "token_rate_per_s": "sum(rate(vllm:generation_tokens_total{$selector}[1m]))",
+        "arrival_rate_per_s": (
+            "sum(rate(vllm:request_success_total{$selector}[1m]))"
+            " + clamp_min(sum(deriv(vllm:num_requests_waiting{$selector}[1m])), 0)"
+        ),
+        "service_time_s": (
+            "sum(rate(vllm:request_inference_time_seconds_sum{$selector}[1m]))"
+            " / sum(rate(vllm:request_inference_time_seconds_count{$selector}[1m]))"
+        ),
+    },
+    "sglang": {
+        "queue_depth": "sum(sglang:num_queue_reqs{$selector})",
+        "in_flight": "sum(sglang:num_running_reqs{$selector})",
+        "p99_latency_s": (
+            "histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{$selector}[1m])))"
+        ),
+        "gpu_memory_headroom_ratio": "1 - avg(sglang:token_usage{$selector})",
+        "token_rate_per_s": "sum(rate(sglang:generation_tokens_total{$selector}[1m]))",
+        "arrival_rate_per_s": (
+            "sum(rate(sglang:num_requests_total{$selector}[1m]))"
+            " + clamp_min(sum(deriv(sglang:num_queue_reqs{$selector}[1m])), 0)"
+        ),
+    },
+    "tgi": {
+        "queue_depth": "sum(tgi_queue_size{$selector})",
+        "in_flight": "sum(tgi_batch_current_size{$selector})",
+        "p99_latency_s": "histogram_quantile(0.99, sum by (le) (rate(tgi_request_duration_bucket{$selector}[1m])))",
+        "token_rate_per_s": "sum(rate(tgi_request_generated_tokens_sum{$selector}[1m]))",
+        "arrival_rate_per_s": (
+            "sum(rate(tgi_request_count{$selector}[1m]))"
+        ),
+        "service_time_s": (
+            "sum(rate(tgi_request_inference_duration_sum{$selector}[1m]))"
+            " / sum(rate(tgi_request_inference_duration_count{$selector}[1m]))"
+        ),
+    },
+    "triton": {
+        "queue_depth": "sum(nv_inference_pending_request_count{$selector})",
+        "arrival_rate_per_s": "sum(rate(nv_inference_count{$selector}[1m]))",
+        "service_time_s": (
+            "sum(rate(nv_inference_compute_infer_duration_us{$selector}[1m]))"
+            " / sum(rate(nv_inference_exec_count{$selector}[1m])) / 1e6"
+        ),
+    },
+}
+
+# GPU memory from DCGM, for servers without a KV-cache gauge (or to override it).
+DCGM_HEADROOM = (
+    "sum(DCGM_FI_DEV_FB_FREE{$selector}) / (sum(DCGM_FI_DEV_FB_FREE{$selector}) + sum(DCGM_FI_DEV_FB_USED{$selector}))"
+)
+
+# Raw gauges and counters per preset for scraping pods' /metrics directly (no Prometheus): name -> metric.
+SCRAPE: dict[str, dict[str, str]] = {
+    "vllm": {
+        "queue_depth": "vllm:num_requests_waiting",
+        "in_flight": "vllm:num_requests_running",
+        "kv_usage": "vllm:kv_cache_usage_perc",
+        "arrivals_total": "vllm:request_success",
+        "service_sum": "vllm:request_inference_time_seconds",
+    },
+    "sglang": {
+        "queue_depth": "sglang:num_queue_reqs",
+        "in_flight": "sglang:num_running_reqs",
+        "kv_usage": "sglang:token_usage",
+        "arrivals_total": "sglang:num_requests",
+    },
+    "tgi": {"queue_depth": "tgi_queue_size", "in_flight": "tgi_batch_current_size", "arrivals_total": "tgi_request_count"},
+    "triton": {"queue_depth": "nv_inference_pending_request_count", "arrivals_total": "nv_inference_count"},
+}
+
+
+def queries(preset: str, selector: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The PromQL per signal for a preset, with the selector filled in and overrides applied."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model-server preset {preset!r}; choose one of {sorted(PRESETS)}")
+    merged = dict(PRESETS[preset])
+    merged.update(overrides or {})
+    return {name: Template(q).safe_substitute(selector=selector) for name, q in merged.items() if q}

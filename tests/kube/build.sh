@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build the Kubernetes control plane used by the integration tests, from Go modules, once.
+# kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes through a wrapper module with
+# replace directives for its staging modules), etcd and kwok. The binaries are cached outside the
+# repository and rebuilt only when missing. Prints the binary folder on its last line.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
+CACHE="${KUBE_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-autoscaler/k8s-v${K8S_VERSION}}"
+BIN="$CACHE/bin"
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+export GOPATH="${GOPATH:-$HOME/go}"
+
+need() { [ -x "$BIN/$1" ] || return 0; return 1; }
+mkdir -p "$BIN"
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "go is required to build the Kubernetes test binaries" >&2
+  exit 1
+fi
+
+if need kube-apiserver || need kube-controller-manager || need kube-scheduler; then
+  work="$CACHE/kubernetes"
+  mkdir -p "$work"
+  minor="${K8S_VERSION#*.}"; minor="${minor%%.*}"
+  staging="v0.${K8S_VERSION#*.}"
+  {
+    echo "module testenv/kubernetes"
+    echo
+    echo "go 1.26.0"
+    echo
+    echo "require k8s.io/kubernetes v${K8S_VERSION}"
+    echo
+    for m in api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider \
+             cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api \
+             cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt \
+             kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics \
+             mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming; do
+      echo "replace k8s.io/$m => k8s.io/$m $staging"
+    done
+  } > "$work/go.mod"
+  cat > "$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+  cd "$work"
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy
+  ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=v${K8S_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor}"
+  done
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+    if need "$cmd"; then
+      echo "building $cmd v${K8S_VERSION} (first time only)..." >&2
+      go build -tags tools -trimpath -ldflags "$ldflags" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+    fi
+  done
+fi
+
+if need etcd; then
+  work="$CACHE/etcd"
+  mkdir -p "$work"
+  printf 'module testenv/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$ETCD_VERSION" > "$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "$work/tools.go"
+  cd "$work"
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy
+  echo "building etcd v${ETCD_VERSION} (first time only)..." >&2
+  go build -tags tools -trimpath -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+fi
+
+if need kwok; then
+  echo "building kwok v${KWOK_VERSION} (first time only)..." >&2
+  GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@v${KWOK_VERSION}"
+fi
+
+echo "$BIN"
