@@ -38,7 +38,7 @@ kube:
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-test: lint system
+test: lint system kube
 	$(PY) -m pytest
 
 # Every trace in ../shared/traces (research data, not needed by demo or test).

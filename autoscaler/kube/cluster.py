@@ -1,0 +1,82 @@
+"""Cluster state of the target from the Kubernetes API, as `policies.ClusterState`.
+
+- spec / ready replicas from the target's scale subresource and status; starting = spec - ready;
+- pods of the target (its selector): unschedulable ones (PodScheduled=False, reason Unschedulable), and
+  creation -> Ready durations of pods that became Ready since the last read (each pod reported once),
+  which feed the policy's learned lead time;
+- ready warm slots: ready replicas of the placeholder Deployment.
+"""
+
+from __future__ import annotations
+
+from autoscaler.kube.client import Kube, parse_time
+from policies.types import ClusterState
+
+
+def label_selector(match_labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+
+
+class ClusterReader:
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool_name: str | None) -> None:
+        self.kube = kube
+        self.namespace, self.kind, self.name = namespace, kind, name
+        self.warm_pool_name = warm_pool_name
+        self._reported: set[str] = set()
+        self._first_read = True
+
+    async def _workload(self):
+        read = (self.kube.apps.read_namespaced_deployment if self.kind == "Deployment"
+                else self.kube.apps.read_namespaced_stateful_set)
+        return await self.kube.call(f"read {self.kind} {self.namespace}/{self.name}", read, self.name, self.namespace)
+
+    async def pod_template(self):
+        return (await self._workload()).spec.template
+
+    async def read(self, now: float) -> ClusterState:
+        workload = await self._workload()
+        spec_replicas = workload.spec.replicas if workload.spec.replicas is not None else 1
+        ready = (workload.status.ready_replicas or 0) if workload.status else 0
+        selector = label_selector(workload.spec.selector.match_labels or {})
+        pods = await self.kube.call(
+            f"list pods {self.namespace} {selector}", self.kube.core.list_namespaced_pod, self.namespace,
+            label_selector=selector,
+        )
+        unschedulable, durations, seen = 0, [], set()
+        for pod in pods.items:
+            uid = pod.metadata.uid
+            seen.add(uid)
+            conditions = {c.type: c for c in (pod.status.conditions or [])} if pod.status else {}
+            scheduled = conditions.get("PodScheduled")
+            if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
+                unschedulable += 1
+            ready_c = conditions.get("Ready")
+            if ready_c is not None and ready_c.status == "True" and uid not in self._reported:
+                self._reported.add(uid)
+                created = parse_time(pod.metadata.creation_timestamp)
+                became = parse_time(ready_c.last_transition_time)
+                # Pods already Ready at the first read started before we watched: no duration to learn.
+                if not self._first_read and created is not None and became is not None and became >= created:
+                    durations.append(became - created)
+        self._reported &= seen
+        self._first_read = False
+        warm = 0
+        if self.warm_pool_name:
+            try:
+                pool = await self.kube.call(
+                    f"read warm pool {self.warm_pool_name}", self.kube.apps.read_namespaced_deployment,
+                    self.warm_pool_name, self.namespace,
+                )
+                warm = (pool.status.ready_replicas or 0) if pool.status else 0
+            except Exception as exc:  # noqa: BLE001
+                if getattr(exc, "kind", "") != "not_found":
+                    raise
+        return ClusterState(
+            spec_replicas=spec_replicas,
+            ready_replicas=ready,
+            starting_replicas=max(0, spec_replicas - ready),
+            unschedulable_pods=unschedulable,
+            warm_slots_ready=warm,
+            startup_durations_s=tuple(durations),
+            at_s=now,
+        )

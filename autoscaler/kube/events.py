@@ -1,0 +1,38 @@
+"""A Kubernetes Event on the target for each scaling action, carrying the decision's reasons."""
+
+from __future__ import annotations
+
+import uuid
+
+from datetime import datetime, timezone
+
+from autoscaler.kube.client import Kube
+
+COMPONENT = "inference-autoscaler"
+
+
+class EventRecorder:
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, instance: str) -> None:
+        self.kube = kube
+        self.namespace, self.kind, self.name, self.instance = namespace, kind, name, instance
+
+    async def scaled(self, *, before: int, after: int, reasons: tuple[str, ...], now: float) -> None:
+        stamp = datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        message = f"Scaled {before} -> {after}: " + "; ".join(reasons)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.name}.{uuid.uuid4().hex[:12]}", "namespace": self.namespace},
+            "involvedObject": {"apiVersion": "apps/v1", "kind": self.kind, "name": self.name,
+                               "namespace": self.namespace},
+            "reason": "ScaledUp" if after > before else "ScaledDown",
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self.kube.call("create event", self.kube.core.create_namespaced_event, self.namespace, body)

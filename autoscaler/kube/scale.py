@@ -1,0 +1,45 @@
+"""Replicas through the scale subresource of the target Deployment/StatefulSet.
+
+Optimistic concurrency: the write carries the resourceVersion that was read, so a concurrent change is a
+409 conflict, which re-reads and retries with backoff (as do 429 and 5xx). The count is clamped to the
+policy's bounds before anything is written; nothing is written for an invalid decision or when the
+target already has that many replicas."""
+
+from __future__ import annotations
+
+from autoscaler.kube.client import Kube, with_backoff
+
+
+class ScaleActuator:
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, min_replicas: int, max_replicas: int):
+        self.kube = kube
+        self.namespace, self.kind, self.name = namespace, kind, name
+        self.min, self.max = min_replicas, max_replicas
+        apps = kube.apps
+        if kind == "Deployment":
+            self._read, self._replace = apps.read_namespaced_deployment_scale, apps.replace_namespaced_deployment_scale
+        else:
+            self._read, self._replace = (apps.read_namespaced_stateful_set_scale,
+                                         apps.replace_namespaced_stateful_set_scale)
+
+    async def scale(self, replicas: int) -> tuple[int, int] | None:
+        """Set replicas; returns (before, after) when something was written, else None."""
+        wanted = min(self.max, max(self.min, replicas))
+        where = f"{self.kind} {self.namespace}/{self.name}"
+
+        async def attempt() -> tuple[int, int] | None:
+            current = await self.kube.call(f"read scale of {where}", self._read, self.name, self.namespace)
+            before = current.spec.replicas or 0
+            if before == wanted:
+                return None
+            body = {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {"name": self.name, "namespace": self.namespace,
+                             "resourceVersion": current.metadata.resource_version},
+                "spec": {"replicas": wanted},
+            }
+            await self.kube.call(f"scale {where} to {wanted}", self._replace, self.name, self.namespace, body)
+            return before, wanted
+
+        return await with_backoff(attempt)

@@ -1,0 +1,99 @@
+"""The warm pool: a Deployment of pause-container placeholder pods shaped like one model replica.
+
+Each placeholder requests what one replica's pod requests of extended resources (GPUs) and copies the
+scheduling constraints (node selector, affinity, tolerations), so preempting one frees exactly one
+replica's worth of usable capacity. Its PriorityClass is negative but not below the cluster-autoscaler's
+expendable cutoff (-10), so a preempted placeholder still triggers a new node."""
+
+from __future__ import annotations
+
+from autoscaler.kube.client import Kube, with_backoff
+from autoscaler.errors import PermanentError
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "inference-autoscaler"}
+NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
+
+
+def _extended(resources: dict[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (resources or {}).items() if not k.startswith(NATIVE)}
+
+
+def placeholder_spec(template, *, name: str, target: str, priority_class: str, pause_image: str,
+                     serialize=lambda obj: obj) -> dict:
+    """The placeholder Deployment for a target pod template (a V1PodTemplateSpec)."""
+    spec = template.spec
+    requests: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    for container in spec.containers or []:
+        resources = container.resources
+        for key, value in _extended(resources.requests if resources else None).items():
+            requests[key] = requests.get(key, 0) + int(value)
+        for key, value in _extended(resources.limits if resources else None).items():
+            limits[key] = limits.get(key, 0) + int(value)
+    labels = {"app.kubernetes.io/name": name, "inference-autoscaler/warm-pool-for": target, **MANAGED_BY}
+    pod_spec: dict = {
+        "priorityClassName": priority_class,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{
+            "name": "placeholder",
+            "image": pause_image,
+            "resources": {"requests": {k: str(v) for k, v in requests.items()},
+                          "limits": {k: str(v) for k, v in limits.items()}},
+        }],
+    }
+    api = template.spec
+    if api.node_selector:
+        pod_spec["nodeSelector"] = dict(api.node_selector)
+    if api.tolerations:
+        pod_spec["tolerations"] = [
+            {k: v for k, v in {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect,
+                               "tolerationSeconds": t.toleration_seconds}.items() if v is not None}
+            for t in api.tolerations
+        ]
+    if api.affinity:
+        pod_spec["affinity"] = serialize(api.affinity)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+class WarmPool:
+    def __init__(self, kube: Kube, *, namespace: str, name: str, target: str, priority_class: str,
+                 pause_image: str, max_slots: int) -> None:
+        self.kube = kube
+        self.namespace, self.name, self.target = namespace, name, target
+        self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
+
+    async def ensure(self, template, slots: int) -> None:
+        """Create or update the placeholder Deployment with `slots` replicas (clamped to max_slots)."""
+        body = placeholder_spec(template, name=self.name, target=self.target, priority_class=self.priority_class,
+                                pause_image=self.pause_image, serialize=self.kube.api.sanitize_for_serialization)
+        body["metadata"]["namespace"] = self.namespace
+        body["spec"]["replicas"] = max(0, min(self.max_slots, slots))
+        apps = self.kube.apps
+
+        async def attempt() -> None:
+            try:
+                current = await self.kube.call(f"read warm pool {self.name}", apps.read_namespaced_deployment,
+                                               self.name, self.namespace)
+            except PermanentError as exc:
+                if exc.kind != "not_found":
+                    raise
+                await self.kube.call(f"create warm pool {self.name}", apps.create_namespaced_deployment,
+                                     self.namespace, body)
+                return
+            labels = current.metadata.labels or {}
+            if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY["app.kubernetes.io/managed-by"]:
+                raise PermanentError(f"Deployment {self.namespace}/{self.name} exists and is not ours; "
+                                     "refusing to take it over", kind="not_owned")
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            await self.kube.call(f"update warm pool {self.name}", apps.replace_namespaced_deployment,
+                                 self.name, self.namespace, body)
+
+        await with_backoff(attempt)

@@ -1,0 +1,239 @@
+"""Actuators, cluster state and leader election against a real kube-apiserver."""
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from autoscaler.errors import PermanentError
+from autoscaler.kube.client import Kube
+from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.events import EventRecorder
+from autoscaler.kube.lease import LeaderElector
+from autoscaler.kube.scale import ScaleActuator
+from autoscaler.kube.warmpool import WarmPool
+
+from kubeenv import model_deployment
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def namespace(cluster):
+    """A fresh namespace per test, deleted afterwards so its pods free their GPUs."""
+    name = f"t{next(_names)}-{int(time.time() * 1000) % 100000}"
+    status, body = cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    assert status == 201, body
+    yield name
+    cluster.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def deploy(cluster, ns, name="model", replicas=2, **kw):
+    status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
+                                   model_deployment(ns, name, replicas, **kw))
+    assert status == 201, body
+    return body
+
+
+def run(cluster, fn):
+    async def go():
+        kube = await Kube.connect(cluster.kubeconfig)
+        try:
+            return await fn(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(go())
+
+
+def replicas_of(cluster, ns, name="model"):
+    return cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")[1]["spec"]["replicas"]
+
+
+def test_scale_subresource_within_bounds(cluster, namespace):
+    ns = namespace
+    deploy(cluster, ns)
+
+    async def go(kube):
+        actuator = ScaleActuator(kube, namespace=ns, kind="Deployment", name="model", min_replicas=1, max_replicas=6)
+        assert await actuator.scale(5) == (2, 5)
+        assert await actuator.scale(5) is None  # nothing to write
+        assert await actuator.scale(50) == (5, 6)  # clamped to the bound
+        assert await actuator.scale(0) == (6, 1)
+
+    run(cluster, go)
+    assert replicas_of(cluster, ns) == 1
+
+
+def test_scale_conflict_is_retried_on_fresh_state(cluster, namespace):
+    ns = namespace
+    deploy(cluster, ns, replicas=3)
+
+    async def go(kube):
+        actuator = ScaleActuator(kube, namespace=ns, kind="Deployment", name="model", min_replicas=1, max_replicas=20)
+        real = actuator._replace
+        raced = {"count": 0}
+
+        async def racing_replace(name, namespace_, body):
+            if raced["count"] == 0:  # someone else writes between our read and our write
+                raced["count"] += 1
+                status, _ = cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model",
+                                            {"metadata": {"annotations": {"touched": "yes"}}})
+                assert status == 200
+            return await real(name, namespace_, body)
+
+        actuator._replace = racing_replace
+        result = await actuator.scale(8)
+        return raced["count"], result
+
+    raced, result = run(cluster, go)
+    assert raced == 1 and result == (3, 8)
+    assert replicas_of(cluster, ns) == 8
+
+
+def test_cluster_state_learns_startup_durations(cluster, namespace):
+    ns = namespace
+    deploy(cluster, ns, replicas=1, ready_delay="3s")
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
+        learned = []
+        for _ in range(40):
+            state = await reader.read(time.time())
+            learned += state.startup_durations_s
+            if state.ready_replicas == 1:
+                break
+            await asyncio.sleep(0.5)
+        late = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
+        assert (await late.read(time.time())).startup_durations_s == ()  # Ready before it watched
+        await ScaleActuator(kube, namespace=ns, kind="Deployment", name="model", min_replicas=1,
+                            max_replicas=4).scale(3)
+        for _ in range(60):
+            state = await reader.read(time.time())
+            learned += state.startup_durations_s
+            if state.ready_replicas == 3 and len(learned) == 3:
+                break
+            await asyncio.sleep(0.5)
+        again = await reader.read(time.time())
+        return state, learned, again
+
+    state, learned, again = run(cluster, go)
+    assert state.spec_replicas == 3 and state.ready_replicas == 3 and state.starting_replicas == 0
+    # one duration per pod, each reported once, close to kwok's 3 s ready delay
+    assert len(learned) == 3 and all(2.5 <= d <= 15.0 for d in learned)
+    assert again.startup_durations_s == ()
+
+
+def test_placeholder_copies_the_replica_shape(cluster, namespace):
+    ns = namespace
+    target = deploy(cluster, ns, replicas=1)
+    # add an affinity and a second GPU container so the shape is non-trivial
+    patch = {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}}}}}
+    status, _ = cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", patch)
+    assert status == 200
+    status, _ = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+                                {"metadata": {"name": f"placeholder-{ns}"}, "value": -5})
+    assert status == 201
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name="model-warm")
+        pool = WarmPool(kube, namespace=ns, name="model-warm", target="model", priority_class=f"placeholder-{ns}",
+                        pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+        template = await reader.pod_template()
+        await pool.ensure(template, 2)
+        await pool.ensure(template, 9)  # clamped to max_slots, updates in place
+        for _ in range(40):
+            state = await reader.read(time.time())
+            if state.warm_slots_ready == 4:
+                return state
+            await asyncio.sleep(0.5)
+        return state
+
+    state = run(cluster, go)
+    assert state.warm_slots_ready == 4
+    status, pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/model-warm")
+    spec = pool["spec"]["template"]["spec"]
+    want = target["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == f"placeholder-{ns}"
+    assert spec["nodeSelector"] == want["nodeSelector"]
+    assert spec["tolerations"] == want["tolerations"]
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spec["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert spec["containers"][0]["image"].startswith("registry.k8s.io/pause")
+
+
+def test_warm_pool_refuses_a_deployment_it_does_not_own(cluster, namespace):
+    ns = namespace
+    deploy(cluster, ns, name="model")
+    deploy(cluster, ns, name="model-warm")
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
+        pool = WarmPool(kube, namespace=ns, name="model-warm", target="model", priority_class="x",
+                        pause_image="pause", max_slots=2)
+        with pytest.raises(PermanentError, match="not ours"):
+            await pool.ensure(await reader.pod_template(), 1)
+
+    run(cluster, go)
+    assert replicas_of(cluster, ns, "model-warm") == 2
+
+
+def test_scaling_event_carries_the_reasons(cluster, namespace):
+    ns = namespace
+    deploy(cluster, ns)
+
+    async def go(kube):
+        recorder = EventRecorder(kube, namespace=ns, kind="Deployment", name="model", instance="test-0")
+        await recorder.scaled(before=2, after=5, reasons=("predictive: 5 replicas for upper forecast 80 req/s",),
+                              now=time.time())
+
+    run(cluster, go)
+    status, events = cluster.request("GET", f"/api/v1/namespaces/{ns}/events")
+    assert status == 200
+    [event] = [e for e in events["items"] if e.get("reportingComponent") == "inference-autoscaler"]
+    assert event["reason"] == "ScaledUp" and event["involvedObject"]["name"] == "model"
+    assert "predictive: 5 replicas" in event["message"]
+
+
+def test_leader_election_one_acts_the_other_takes_over(cluster, namespace):
+    ns = namespace
+
+    async def go(kube):
+        def elector(identity):
+            return LeaderElector(kube, namespace=ns, name="model-autoscaler", identity=identity,
+                                 lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.3)
+
+        a, b = elector("a"), elector("b")
+        stop_a, stop_b = asyncio.Event(), asyncio.Event()
+        task_a = asyncio.create_task(a.run(stop_a))
+        await asyncio.sleep(0.5)
+        task_b = asyncio.create_task(b.run(stop_b))
+        await asyncio.sleep(1.5)
+        both = (a.is_leader, b.is_leader)
+        # graceful stop releases the lease: b takes over within a retry period or two
+        stop_a.set()
+        await task_a
+        for _ in range(20):
+            if b.is_leader:
+                break
+            await asyncio.sleep(0.2)
+        after_release = (a.is_leader, b.is_leader)
+        # b dies without releasing: a fresh candidate must wait for expiry, then take over
+        task_b.cancel()
+        try:
+            await task_b
+        except asyncio.CancelledError:
+            pass
+        c = elector("c")
+        assert not await c.try_acquire_or_renew()
+        await asyncio.sleep(3.2)
+        took_over = await c.try_acquire_or_renew()
+        return both, after_release, took_over
+
+    both, after_release, took_over = run(cluster, go)
+    assert both == (True, False)
+    assert after_release == (False, True)
+    assert took_over
