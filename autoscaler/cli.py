@@ -3,6 +3,7 @@
     autoscaler replay INPUT [--mode open-loop|simulated] [--format auto|csv|jsonl|prometheus|trace]
                             [--policy POLICY.yaml] [--out DIR]
     autoscaler record --config CONFIG.yaml --start T --end T [--step-s 15] --out FILE.json
+    autoscaler run --config CONFIG.yaml [--kubeconfig FILE]
 
 `replay` is the dry run: it reads recorded signals (a Prometheus query_range export, CSV or JSONL) or a
 trace, runs the very same `policies.decide` the controller runs, and writes a CSV timeline and a PNG plot.
@@ -172,6 +173,18 @@ def record_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_command(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from autoscaler.config import load_config
+    from autoscaler.runtime import configure_logging, run
+
+    settings = load_config(args.config)  # an invalid config exits 2 before anything starts
+    configure_logging()
+    asyncio.run(run(settings, kubeconfig=args.kubeconfig))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoscaler", description="Predictive autoscaling for GPU model servers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--step-s", type=float, default=15.0)
     r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay`")
     r.set_defaults(handler=record_command)
+    c = sub.add_parser("run", help="run the controller for one target")
+    c.add_argument("--config", default=None, help="YAML config (the ConfigMap); AUTOSCALER_* variables override it")
+    c.add_argument("--kubeconfig", default=None, help="default: in-cluster service account")
+    c.set_defaults(handler=run_command)
     return parser
 
 

@@ -6,7 +6,9 @@ warm pool -> shedding. Every stage that changes the outcome adds a reason.
 Safety rules:
 - no cluster state, or neither a demand rate nor in-flight: `valid=False`, replicas = current; actuators
   leave the cluster alone.
-- any other signal missing or stale: the decision may scale up, never down ("holding" reason).
+- a demand signal (queue, in-flight, arrival rate or counter) missing, stale or reset: the decision may
+  scale up, never down ("hold" reason). Auxiliary signals (p99, memory headroom, tokens, service time)
+  that are missing are named in the reasons and simply not used.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from policies.stages.combine import combine, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
-from policies.stages.sanitize import present, sanitize
+from policies.stages.sanitize import blocks_scale_down, present, sanitize
 from policies.stages.shedding import saturation_depths, shed_levels
 from policies.stages.warmpool import warm_slots
 from policies.types import Decision, PolicyState, Signals
@@ -94,9 +96,9 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         spec, wanted=wanted, current=current, recommendations=state.recommendations, lead_s=lead, now=now
     )
     reasons += why
-    if dropped and replicas < current:
+    if blocks_scale_down(clean.dropped) and replicas < current:
         replicas = current
-        reasons.append("hold: not scaling down while signals are missing")
+        reasons.append("hold: not scaling down while demand signals are missing")
     reasons += [f"dropped {d}" for d in dropped]
 
     peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s)

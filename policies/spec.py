@@ -48,6 +48,10 @@ class PolicySpec(BaseModel):
         None, gt=0, description="If set, token rate is one more reactive signal."
     )
     max_signal_age_s: float = Field(60.0, gt=0, description="Older samples are stale and ignored.")
+    max_clock_skew_s: float = Field(
+        5.0, ge=0, description="Samples up to this far in the future are accepted (clocks of Prometheus and "
+        "the controller differ a little); further ahead they are dropped."
+    )
     default_startup_s: float = Field(120.0, gt=0, description="Pod creation -> Ready, until learned.")
     startup_percentile: float = Field(0.9, gt=0, lt=1, description="Learned lead time uses this percentile.")
     startup_samples_kept: int = Field(50, ge=1)

@@ -70,6 +70,23 @@ def test_stale_data_holds_and_never_scales_down(spec):
     assert not d.valid or any("stale" in r for r in d.reasons)
 
 
+def test_nan_latency_when_idle_does_not_block_scale_down(spec):
+    state, replicas = initial_state(), 12
+    for i in range(80):
+        now = i * 15.0
+        sig = signals(now, rate=1.0, service=1.0, spec_replicas=replicas, p99=math.nan)
+        d, state = decide(spec, state, sig, now)
+        replicas = d.replicas
+    assert replicas < 12 and any("dropped p99_latency_s" in r for r in d.reasons)
+
+
+def test_slightly_future_samples_are_clock_skew_not_errors(spec):
+    d, _ = decide(spec, initial_state(), signals(100.0, rate=10.0, age=-0.004), 100.0)
+    assert d.valid and not any("future" in r for r in d.reasons)
+    d, _ = decide(spec, initial_state(), signals(100.0, rate=10.0, age=-60.0), 100.0)
+    assert any("future" in r for r in d.reasons)
+
+
 def test_missing_in_flight_with_a_rate_may_scale_up_but_not_down(spec):
     state = initial_state()
     for i in range(50):

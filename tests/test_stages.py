@@ -244,3 +244,11 @@ def test_slo_feedback_learns_only_from_misses_with_capacity_in_place(spec):
     quiet, _ = sanitize(spec, signals(0.0, p99=0.1), None, 0.0)
     assert slo_feedback(spec, 1.5, quiet, model_satisfied=True)[0] == pytest.approx(1.5 * 0.998)
     assert slo_feedback(spec, 2.0, clean, model_satisfied=True)[0] == spec.max_headroom_ratio
+
+
+def test_a_gap_is_filled_with_the_model_not_with_zeros():
+    spec = PolicySpec()
+    fs, now = _feed(spec, [80.0] * 3)  # the first bucket is still open
+    fs = fc.observe(spec, fs, 80.0, now + 3 * spec.forecast_bucket_s)  # three buckets later
+    assert len(fs.history) == 3 and min(fs.history) == pytest.approx(80.0)
+    assert fc.point(fs, 1) == pytest.approx(80.0)

@@ -122,11 +122,13 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
     values: list[float] = []
     if fs.bucket_n:
         values.append(fs.bucket_sum / fs.bucket_n)
+        fs = _step(fs, values[-1])
     skipped = int((now - fs.bucket_start_s) // width) - 1
-    for _ in range(min(skipped, spec.season_buckets)):
-        values.append(point(fs, 1) if fs.kind != "none" else 0.0)
-    for y in values:
-        fs = _step(fs, y)
+    if fs.kind != "none":
+        # A gap is filled with what the model expected for each skipped bucket, in order.
+        for _ in range(min(skipped, spec.season_buckets)):
+            values.append(point(fs, 1))
+            fs = _step(fs, values[-1])
     history = (fs.history + tuple(values))[-kept:]
     start = fs.bucket_start_s + (skipped + 1) * width
     return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)

@@ -17,7 +17,9 @@ _FIELDS = (
 )
 
 
-def _value(sample: Sample | None, name: str, now: float, max_age_s: float, dropped: list[str]) -> float | None:
+def _value(
+    sample: Sample | None, name: str, now: float, max_age_s: float, dropped: list[str], skew_s: float = 0.0
+) -> float | None:
     if sample is None:
         return None
     if not math.isfinite(sample.value) or sample.value < 0:
@@ -27,7 +29,7 @@ def _value(sample: Sample | None, name: str, now: float, max_age_s: float, dropp
     if age > max_age_s:
         dropped.append(f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)")
         return None
-    if age < 0:
+    if age < -skew_s:
         dropped.append(f"{name}: sampled {-age:.0f} s in the future")
         return None
     return sample.value
@@ -49,6 +51,14 @@ def counter_rate(
 
 
 TRACKED = _FIELDS + ("arrival_rate_per_s", "arrivals_total", "cluster")
+# Signals whose loss hides demand: while one of them is dropped the policy never scales down. The others
+# (p99, memory headroom, tokens, service time) are dropped and named but do not block: a latency histogram
+# is legitimately NaN when nothing completed in the window, i.e. whenever traffic is idle.
+CRITICAL = ("queue_depth", "in_flight", "arrival_rate_per_s", "arrivals_total", "cluster")
+
+
+def blocks_scale_down(dropped: tuple[str, ...]) -> bool:
+    return any(d.split(":", 1)[0] in CRITICAL for d in dropped)
 
 
 def present(signals: Signals) -> frozenset[str]:
@@ -63,11 +73,13 @@ def sanitize(
     seen: frozenset[str] = frozenset(),
 ) -> tuple[Clean, tuple[float, float] | None]:
     dropped: list[str] = [f"{name}: missing (reported before)" for name in sorted(seen - present(signals))]
+    # (NaN latency or service time with no completions in the window is normal when idle; see CRITICAL.)
     age = spec.max_signal_age_s
-    values = {name: _value(getattr(signals, name), name, now, age, dropped) for name in _FIELDS}
-    rate = _value(signals.arrival_rate_per_s, "arrival_rate_per_s", now, age, dropped)
+    skew = spec.max_clock_skew_s
+    values = {name: _value(getattr(signals, name), name, now, age, dropped, skew) for name in _FIELDS}
+    rate = _value(signals.arrival_rate_per_s, "arrival_rate_per_s", now, age, dropped, skew)
     counter = signals.arrivals_total
-    if counter is not None and not counter.usable(now, age):
+    if counter is not None and not counter.usable(now + skew, age + skew):
         dropped.append("arrivals_total: stale or not finite")
         counter = None
     derived, last_counter = counter_rate(counter, last_counter, dropped)

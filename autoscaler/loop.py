@@ -1,0 +1,191 @@
+"""The control loop: one tick every `tick_s`, each under a deadline.
+
+A tick reads the clock once and passes `now` down; collects the Prometheus samples and the cluster
+state concurrently, each bounded by the tick deadline (a source that fails or is late is simply missing:
+the policy holds, it never reads zero); runs `policies.decide`; publishes the decision (for KEDA and the
+admission endpoint), the metrics and one JSON log line with the reasons; and, only in `actuate` mode and
+only while this replica leads, applies it: replicas through the scale subresource, the warm pool, and an
+Event for every scaling action. Errors are counted by kind and logged; nothing escapes the tick but
+cancellation.
+
+Collaborators are narrow Protocols, so the loop is unit-tested with a few lines of fakes and
+integration-tested with the real Prometheus and kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import structlog
+
+from autoscaler.board import DecisionBoard, Published
+from autoscaler.config import Mode, Settings
+from autoscaler.errors import EdgeError
+from autoscaler.metrics import ControllerMetrics
+from autoscaler.signals.prometheus import QueryResult
+from policies import ClusterState, Decision, Signals, decide, initial_state
+
+log = structlog.get_logger("autoscaler")
+
+SAMPLE_FIELDS = ("queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s",
+                 "arrival_rate_per_s", "service_time_s", "arrivals_total")
+
+
+class SampleSource(Protocol):
+    async def collect(self, now: float) -> QueryResult: ...
+
+
+class ClusterSource(Protocol):
+    async def read(self, now: float) -> ClusterState: ...
+
+    async def pod_template(self) -> Any: ...
+
+
+class Scaler(Protocol):
+    async def scale(self, replicas: int) -> tuple[int, int] | None: ...
+
+
+class WarmSlots(Protocol):
+    async def ensure(self, template: Any, slots: int) -> None: ...
+
+
+class EventSink(Protocol):
+    async def scaled(self, *, before: int, after: int, reasons: tuple[str, ...], now: float) -> None: ...
+
+
+@dataclass
+class PriorityCounter:
+    """Requests seen by the admission endpoint per priority, turned into rates between ticks."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    _last: tuple[float, dict[str, int]] | None = None
+
+    def add(self, priority: str, result: str) -> None:
+        self.counts[priority] = self.counts.get(priority, 0) + 1
+
+    def rates(self, now: float) -> dict[str, float]:
+        snapshot = dict(self.counts)
+        last, self._last = self._last, (now, snapshot)
+        if last is None or now <= last[0]:
+            return {}
+        dt = now - last[0]
+        return {k: (v - last[1].get(k, 0)) / dt for k, v in snapshot.items()}
+
+
+@dataclass
+class Controller:
+    settings: Settings
+    sources: list[SampleSource]
+    cluster: ClusterSource
+    board: DecisionBoard
+    metrics: ControllerMetrics
+    scaler: Scaler | None = None
+    warm_pool: WarmSlots | None = None
+    events: EventSink | None = None
+    priorities: PriorityCounter | None = None
+    is_leader: Callable[[], bool] = lambda: True
+    clock: Callable[[], float] = time.time
+    state: Any = field(default_factory=initial_state)
+    last_tick_s: float | None = None
+
+    def _error(self, exc: Exception, where: str) -> None:
+        kind = getattr(exc, "kind", type(exc).__name__)
+        self.metrics.errors.labels(kind).inc()
+        log.warning("error", where=where, kind=kind, error=str(exc))
+
+    async def _bounded(self, coro, where: str, deadline_s: float):
+        try:
+            return await asyncio.wait_for(coro, deadline_s)
+        except asyncio.TimeoutError:
+            self._error(EdgeError(f"{where} missed the tick deadline ({deadline_s:.1f} s)", kind="tick_deadline"),
+                        where)
+        except EdgeError as exc:
+            self._error(exc, where)
+        return None
+
+    async def collect(self, now: float) -> Signals:
+        deadline = self.settings.deadline_s * 0.8
+        results = await asyncio.gather(
+            *(self._bounded(s.collect(now), "signals", deadline) for s in self.sources),
+            self._bounded(self.cluster.read(now), "cluster", deadline),
+        )
+        *queried, cluster = results
+        samples: dict[str, Any] = {}
+        for result in queried:
+            if result is None:
+                continue
+            for name, error in result.errors.items():
+                self._error(error, f"signal {name}")
+            for name, sample in result.samples.items():
+                if name in SAMPLE_FIELDS and name not in samples:
+                    samples[name] = sample
+        by_priority = self.priorities.rates(now) if self.priorities is not None else {}
+        return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
+
+    async def tick(self) -> Decision:
+        started = time.perf_counter()
+        now = self.clock()
+        signals = await self.collect(now)
+        decision, self.state = decide(self.settings.policy, self.state, signals, now)
+        cluster = signals.cluster
+        current = cluster.spec_replicas if cluster else None
+        queue = signals.queue_depth.value if signals.queue_depth is not None else None
+        await self.board.publish(Published(decision, current if current is not None else decision.replicas,
+                                           queue, now))
+        self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None)
+        leader = self.is_leader()
+        self.metrics.leader.set(1 if leader else 0)
+        log.info("decision", mode=self.settings.mode.value, leader=leader, valid=decision.valid,
+                 replicas=decision.replicas, current=current, warm_slots=decision.warm_slots,
+                 shed=dict(decision.shed), lead_time_s=decision.lead_time_s, reasons=list(decision.reasons))
+        if self.settings.mode == Mode.actuate and leader and decision.valid:
+            await self._bounded(self.act(decision, now), "actuate", self.settings.deadline_s)
+        self.metrics.loop.observe(time.perf_counter() - started)
+        self.last_tick_s = now
+        return decision
+
+    async def act(self, decision: Decision, now: float) -> None:
+        if self.scaler is not None:
+            try:
+                changed = await self.scaler.scale(decision.replicas)
+            except EdgeError as exc:
+                self._error(exc, "scale")
+                changed = None
+            if changed is not None:
+                before, after = changed
+                self.metrics.actions.labels("up" if after > before else "down").inc()
+                if self.events is not None:
+                    try:
+                        await self.events.scaled(before=before, after=after, reasons=decision.reasons, now=now)
+                    except EdgeError as exc:
+                        self._error(exc, "event")
+        if self.warm_pool is not None and self.settings.warm_pool.enabled:
+            try:
+                await self.warm_pool.ensure(await self.cluster.pod_template(), decision.warm_slots)
+            except EdgeError as exc:
+                self._error(exc, "warm pool")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until `stop` is set; ticks start on a fixed period, never overlapping."""
+        period = self.settings.tick_s
+        next_start = time.monotonic()
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug must not kill the loop; it is counted and logged
+                self._error(exc, "tick")
+                log.exception("tick failed")
+            next_start += period
+            delay = next_start - time.monotonic()
+            if delay < 0:
+                next_start = time.monotonic()
+                delay = 0
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,45 @@
+"""The controller's own Prometheus metrics: what it decided, why it could not, and how long it took."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from policies import Decision
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.decided = Gauge("autoscaler_decided_replicas", "Replicas the last decision asked for", registry=r)
+        self.current = Gauge("autoscaler_current_replicas", "Replicas the target has (spec)", registry=r)
+        self.ready = Gauge("autoscaler_ready_replicas", "Ready replicas of the target", registry=r)
+        self.warm = Gauge("autoscaler_warm_slots", "Warm (placeholder) slots decided", registry=r)
+        self.shed = Gauge("autoscaler_shed_ratio", "Fraction shed per priority", ["priority"], registry=r)
+        self.forecast = Gauge("autoscaler_forecast_requests_per_second", "Forecast demand at now + lead time",
+                              ["bound"], registry=r)
+        self.lead = Gauge("autoscaler_lead_time_seconds", "Learned lead time", registry=r)
+        self.valid = Gauge("autoscaler_decision_valid", "1 if the last decision was valid", registry=r)
+        self.leader = Gauge("autoscaler_is_leader", "1 while this replica holds the Lease", registry=r)
+        self.loop = Histogram("autoscaler_loop_duration_seconds", "Duration of one tick",
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.errors = Counter("autoscaler_errors_total", "Errors by kind", ["kind"], registry=r)
+        self.actions = Counter("autoscaler_scaling_actions_total", "Scale writes", ["direction"], registry=r)
+        self.admission = Counter("autoscaler_admission_requests_total", "Admission answers",
+                                 ["priority", "result"], registry=r)
+
+    def record(self, decision: Decision, *, current: int | None, ready: int | None) -> None:
+        self.decided.set(decision.replicas)
+        self.warm.set(decision.warm_slots)
+        self.valid.set(1 if decision.valid else 0)
+        if current is not None:
+            self.current.set(current)
+        if ready is not None:
+            self.ready.set(ready)
+        for priority, level in decision.shed.items():
+            self.shed.labels(priority).set(level)
+        if decision.forecast_rate_per_s is not None:
+            self.forecast.labels("mean").set(decision.forecast_rate_per_s)
+        if decision.forecast_upper_rate_per_s is not None:
+            self.forecast.labels("upper").set(decision.forecast_upper_rate_per_s)
+        if decision.lead_time_s is not None:
+            self.lead.set(decision.lead_time_s)

@@ -1,0 +1,158 @@
+"""The control loop with fakes at its own seams: what it writes, when, and how it holds on faults."""
+
+import asyncio
+
+import pytest
+
+from autoscaler.board import DecisionBoard
+from autoscaler.config import Settings
+from autoscaler.errors import TransientError
+from autoscaler.loop import Controller
+from autoscaler.metrics import ControllerMetrics
+from autoscaler.signals.prometheus import QueryResult
+from policies import ClusterState, PolicySpec, Sample
+
+
+class Source:
+    def __init__(self, values, *, fail=None, delay_s=0.0):
+        self.values, self.fail, self.delay_s = values, fail, delay_s
+
+    async def collect(self, now):
+        await asyncio.sleep(self.delay_s)
+        if self.fail is not None:
+            raise self.fail
+        return QueryResult(samples={k: Sample(v, now) for k, v in self.values.items()})
+
+
+class Cluster:
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.fail = None
+
+    async def read(self, now):
+        if self.fail is not None:
+            raise self.fail
+        return ClusterState(spec_replicas=self.replicas, ready_replicas=self.replicas, at_s=now)
+
+    async def pod_template(self):
+        return "template"
+
+
+class Scaler:
+    def __init__(self, cluster, fail=None):
+        self.cluster, self.calls, self.fail = cluster, [], fail
+
+    async def scale(self, replicas):
+        self.calls.append(replicas)
+        if self.fail is not None:
+            raise self.fail
+        before, self.cluster.replicas = self.cluster.replicas, replicas
+        return (before, replicas) if before != replicas else None
+
+
+class Warm:
+    def __init__(self):
+        self.calls = []
+
+    async def ensure(self, template, slots):
+        self.calls.append(slots)
+
+
+class Events:
+    def __init__(self):
+        self.calls = []
+
+    async def scaled(self, **kw):
+        self.calls.append(kw)
+
+
+def settings(mode="actuate", **policy):
+    return Settings(target={"namespace": "llm", "name": "m"}, mode=mode, tick_s=15.0,
+                    prometheus={"url": "http://prom:9090"}, policy=PolicySpec(replica_concurrency=8, **policy))
+
+
+def controller(mode="actuate", *, values=None, leader=True, replicas=2, source_kw=None, scaler_fail=None):
+    cluster = Cluster(replicas)
+    clock = iter(range(1000, 100000, 15))
+    c = Controller(
+        settings=settings(mode), sources=[Source(values or {"arrival_rate_per_s": 80.0, "in_flight": 80.0,
+                                                            "queue_depth": 0.0, "service_time_s": 1.0},
+                                                 **(source_kw or {}))],
+        cluster=cluster, board=DecisionBoard(), metrics=ControllerMetrics(),
+        scaler=Scaler(cluster, scaler_fail), warm_pool=Warm(), events=Events(), is_leader=lambda: leader,
+        clock=lambda: float(next(clock)),
+    )
+    return c, cluster
+
+
+def ticks(c, n):
+    async def go():
+        return [await c.tick() for _ in range(n)]
+
+    return asyncio.run(go())
+
+
+def errors(c, kind):
+    return c.metrics.registry.get_sample_value("autoscaler_errors_total", {"kind": kind}) or 0
+
+
+def test_actuate_mode_scales_publishes_and_records_an_event():
+    c, cluster = controller()
+    decisions = ticks(c, 3)
+    assert decisions[-1].replicas > 2 and cluster.replicas == decisions[-1].replicas
+    assert c.board.latest.replicas == cluster.replicas
+    assert c.events.calls and c.events.calls[0]["after"] > c.events.calls[0]["before"]
+    assert c.warm_pool.calls  # the pool is reconciled every tick
+    assert c.metrics.registry.get_sample_value("autoscaler_decided_replicas") == cluster.replicas
+
+
+@pytest.mark.parametrize("mode,leader", [("shadow", True), ("keda", True), ("actuate", False)])
+def test_shadow_keda_and_followers_write_nothing(mode, leader):
+    c, cluster = controller(mode, leader=leader)
+    decisions = ticks(c, 3)
+    assert decisions[-1].replicas > 2  # decided...
+    assert c.scaler.calls == [] and c.warm_pool.calls == [] and cluster.replicas == 2  # ...but not written
+
+
+def test_prometheus_down_holds_and_is_counted():
+    c, cluster = controller(replicas=12)
+    ticks(c, 2)
+    c.sources[0].fail = TransientError("refused", kind="prometheus_unavailable")
+    held = ticks(c, 5)
+    assert all(not d.valid for d in held)
+    assert cluster.replicas >= 12 and all(r >= 12 for r in c.scaler.calls)
+    assert errors(c, "prometheus_unavailable") == 5
+    c.sources[0].fail = None
+    assert ticks(c, 1)[0].valid  # recovers
+
+
+def test_a_slow_source_misses_the_deadline_and_the_tick_still_decides():
+    c, _ = controller(source_kw={"delay_s": 30.0})
+    c.settings = settings().model_copy(update={"tick_deadline_s": 0.3})
+    [decision] = ticks(c, 1)
+    assert not decision.valid and errors(c, "tick_deadline") == 1
+
+
+def test_apiserver_errors_are_counted_and_do_not_crash():
+    c, cluster = controller(scaler_fail=TransientError("503", kind="apiserver_unavailable"))
+    ticks(c, 3)
+    assert errors(c, "apiserver_unavailable") >= 1 and cluster.replicas == 2
+    c.cluster.fail = TransientError("503", kind="apiserver_unavailable")
+    [decision] = ticks(c, 1)
+    assert not decision.valid and "no usable cluster state" in decision.reasons[0]
+
+
+def test_run_ticks_until_stopped():
+    c, _ = controller()
+    c.settings = settings().model_copy(update={"tick_s": 0.05, "policy": PolicySpec(tick_s=0.05, forecast_bucket_s=1.0)})
+    c.clock = __import__("time").time
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.run(stop))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.wait_for(task, 2)
+
+    asyncio.run(go())
+    assert c.metrics.registry.get_sample_value("autoscaler_loop_duration_seconds_count") >= 3
