@@ -30,7 +30,7 @@ def placeholder_spec(template, *, name: str, target: str, priority_class: str, p
             requests[key] = requests.get(key, 0) + int(value)
         for key, value in _extended(resources.limits if resources else None).items():
             limits[key] = limits.get(key, 0) + int(value)
-    labels = {"app.kubernetes.io/name": name, "inference-autoscaler/warm-pool-for": target, **MANAGED_BY}
+    labels = {"inference-autoscaler/warm-pool": name, **MANAGED_BY}
     pod_spec: dict = {
         "priorityClassName": priority_class,
         "terminationGracePeriodSeconds": 0,
@@ -57,7 +57,7 @@ def placeholder_spec(template, *, name: str, target: str, priority_class: str, p
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "selector": {"matchLabels": {"inference-autoscaler/warm-pool": name}},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }

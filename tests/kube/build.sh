@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build the Kubernetes control plane used by the integration tests, from Go modules, once.
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes through a wrapper module with
-# replace directives for its staging modules), etcd and kwok. The binaries are cached outside the
+# replace directives for its staging modules), etcd, kwok, and kustomize (to render deploy/). The binaries are cached outside the
 # repository and rebuilt only when missing. Prints the binary folder on its last line.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
+KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-5.7.1}"
 CACHE="${KUBE_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-autoscaler/k8s-v${K8S_VERSION}}"
 BIN="$CACHE/bin"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -80,6 +81,11 @@ fi
 if need kwok; then
   echo "building kwok v${KWOK_VERSION} (first time only)..." >&2
   GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@v${KWOK_VERSION}"
+fi
+
+if need kustomize; then
+  echo "building kustomize v${KUSTOMIZE_VERSION} (first time only)..." >&2
+  GOBIN="$BIN" go install "sigs.k8s.io/kustomize/kustomize/v5@v${KUSTOMIZE_VERSION}"
 fi
 
 echo "$BIN"

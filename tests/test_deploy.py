@@ -1,0 +1,155 @@
+"""deploy/: rendered with kustomize, created on a real apiserver, and its RBAC exercised for real."""
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoscaler.config import load_config
+from autoscaler.errors import PermanentError
+from autoscaler.kube.client import Kube
+from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.events import EventRecorder
+from autoscaler.kube.lease import LeaderElector
+from autoscaler.kube.scale import ScaleActuator
+from autoscaler.kube.warmpool import WarmPool
+
+from kubeenv import ROOT, binaries, model_deployment
+
+NS, MODEL, SA = "llm", "llama-3-8b", "inference-autoscaler"
+PATHS = {
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+    ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
+}
+
+
+def render(overlay: str) -> list[dict]:
+    out = subprocess.run([str(binaries() / "kustomize"), "build", str(ROOT / "deploy" / overlay)],
+                         check=True, capture_output=True, text=True)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def installed(cluster):
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})[0] in (201, 409)
+    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", model_deployment(NS, MODEL, 1))[0] == 201
+    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", model_deployment(NS, "other", 1))[0] == 201
+    created = []
+    for doc in render("example"):
+        path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", NS))
+        status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
+        assert status == 201, (doc["kind"], doc["metadata"]["name"], body.get("message"))
+        created.append((doc["kind"], doc["metadata"]["name"]))
+    return created
+
+
+def test_every_rendered_manifest_is_accepted_by_the_apiserver(installed):
+    kinds = {kind for kind, _ in installed}
+    assert {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "Lease",
+            "PriorityClass"} <= kinds
+    assert ("Deployment", f"{MODEL}-warm-pool") in installed and ("Lease", f"{MODEL}-autoscaler") in installed
+
+
+def impersonated(cluster, method, path, body=None):
+    import ssl
+    import urllib.request
+
+    request = urllib.request.Request(
+        cluster.url + path, method=method, data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json",
+                 "Impersonate-User": f"system:serviceaccount:{NS}:{SA}"},
+    )
+    try:
+        with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=cluster.ca_file), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}/scale", True),
+    ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}", True),
+    ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}-warm-pool", True),
+    ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{MODEL}-autoscaler", True),
+    ("GET", f"/api/v1/namespaces/{NS}/pods", True),
+    ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/other/scale", False),
+    ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/other", False),
+    ("GET", f"/api/v1/namespaces/{NS}/secrets", False),
+    ("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}", False),
+    ("GET", "/api/v1/namespaces/kube-system/pods", False),
+])
+def test_rbac_by_impersonation(cluster, installed, method, path, allowed):
+    status = impersonated(cluster, method, path)
+    assert (status != 403) == allowed, status
+    if not allowed:
+        assert status == 403
+
+
+def test_controller_components_work_with_the_service_accounts_own_token(cluster, installed, tmp_path):
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{SA}/token",
+                                   {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                    "spec": {"expirationSeconds": 3600}})
+    assert status == 201, body
+    kubeconfig = cluster.kubeconfig_for(body["status"]["token"], "sa")
+
+    async def go():
+        kube = await Kube.connect(kubeconfig)
+        try:
+            reader = ClusterReader(kube, namespace=NS, kind="Deployment", name=MODEL, warm_pool_name=f"{MODEL}-warm-pool")
+            state = await reader.read(0.0)
+            assert await ScaleActuator(kube, namespace=NS, kind="Deployment", name=MODEL, min_replicas=1,
+                                       max_replicas=4).scale(state.spec_replicas + 1) is not None
+            await WarmPool(kube, namespace=NS, name=f"{MODEL}-warm-pool", target=MODEL,
+                           priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
+                           max_slots=2).ensure(await reader.pod_template(), 1)
+            elector = LeaderElector(kube, namespace=NS, name=f"{MODEL}-autoscaler", identity="pod-a",
+                                    lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+            assert await elector.try_acquire_or_renew()
+            await EventRecorder(kube, namespace=NS, kind="Deployment", name=MODEL, instance="pod-a").scaled(
+                before=1, after=2, reasons=("test",), now=0.0)
+            with pytest.raises(PermanentError) as err:
+                await ScaleActuator(kube, namespace=NS, kind="Deployment", name="other", min_replicas=1,
+                                    max_replicas=4).scale(3)
+            assert err.value.kind == "forbidden"
+        finally:
+            await kube.close()
+
+    asyncio.run(go())
+    pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}-warm-pool")[1]
+    assert pool["spec"]["replicas"] == 1
+    assert pool["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+
+
+def test_shipped_configmap_validates(monkeypatch, tmp_path):
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "base" / "configmap.yaml").read_text()) if d]
+    config = next(d for d in docs if d["metadata"]["name"] == "inference-autoscaler")["data"]["config.yaml"]
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    # the Deployment provides these through the environment
+    monkeypatch.setenv("AUTOSCALER_TARGET__NAMESPACE", NS)
+    monkeypatch.setenv("AUTOSCALER_TARGET__NAME", MODEL)
+    monkeypatch.setenv("AUTOSCALER_PROMETHEUS__SELECTOR", f'namespace="{NS}"')
+    settings = load_config(path)
+    assert settings.target.name == MODEL and settings.mode.value == "shadow"
+    assert settings.queries["queue_depth"] == f'sum(vllm:num_requests_waiting{{namespace="{NS}"}})'
+
+
+def test_keda_scaled_object_targets_the_scaler_service():
+    [scaled] = render("keda")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["kind"] == "ScaledObject"
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "external" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["scalerAddress"].endswith(":9090")
+    assert scaled["metadata"]["name"] == scaled["spec"]["scaleTargetRef"]["name"]
+    behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 0
