@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint clean system kube proto
+.PHONY: demo test bench bench-controller lint clean system kube proto
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -52,3 +52,7 @@ clean:
 proto: $(STAMP)
 	cd autoscaler/keda && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. externalscaler.proto
 	sed -i 's/^import externalscaler_pb2 as/from autoscaler.keda import externalscaler_pb2 as/' autoscaler/keda/externalscaler_pb2_grpc.py
+
+# Runtime figures of the live controller (loop overhead, KEDA latency, memory); needs `make system`.
+bench-controller: $(SYSTEM_STAMP)
+	$(PY) -m loadtest.controller_bench

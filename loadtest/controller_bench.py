@@ -1,0 +1,193 @@
+"""Figures of the live controller's runtime (a benchmark that prints, not a timed test).
+
+    python -m loadtest.controller_bench [--ticks 300] [--rps 200] [--seconds 10]
+
+1. Per-tick overhead of the loop against a local Prometheus (Debian's, scraping the fake vLLM server):
+   p50 / p99 of a full tick (7 concurrent PromQL queries, decide, publish, metrics, log), back to back.
+2. KEDA GetMetrics latency under `rps` requests per second (open loop, each call on its own schedule):
+   p50 / p99 over `seconds`.
+3. Resident memory of a controller after one hour (240 ticks) and after one day (5,760 ticks) of
+   simulated ticks (fake sources, a clock advancing 15 s per tick), with the forecaster's refits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import time
+
+import grpc
+import structlog
+
+from autoscaler.board import DecisionBoard
+from autoscaler.config import Settings
+from autoscaler.keda import externalscaler_pb2 as pb
+from autoscaler.keda import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.keda.server import start
+from autoscaler.loop import Controller
+from autoscaler.metrics import ControllerMetrics
+from autoscaler.signals.prometheus import PrometheusSource, QueryResult
+from loadtest.realservers import fake_model_server, free_port, post_json, prometheus, wait_for_series
+from policies import ClusterState, Sample
+
+
+def quiet_logs() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class StaticCluster:
+    def __init__(self, replicas: int = 8) -> None:
+        self.replicas = replicas
+
+    async def read(self, now: float) -> ClusterState:
+        return ClusterState(spec_replicas=self.replicas, ready_replicas=self.replicas, at_s=now)
+
+    async def pod_template(self):
+        return None
+
+
+def settings(url: str = "http://127.0.0.1:9") -> Settings:
+    return Settings(target={"namespace": "llm", "name": "model"}, mode="shadow",
+                    prometheus={"url": url, "selector": 'namespace="llm"'})
+
+
+async def loop_overhead(ticks: int) -> list[float]:
+    import aiohttp
+
+    import threading
+
+    with fake_model_server() as model, prometheus([model.removeprefix("http://")]) as prom:
+        running = threading.Event()
+        running.set()
+
+        def feed() -> None:  # steady traffic, so every rate() and histogram has data
+            while running.is_set():
+                post_json(f"{model}/admin/state", {"waiting": 5, "running": 12, "kv_usage": 0.5, "add_success": 50,
+                                                   "add_generated": 5000, "observe_inference_s": [1.0] * 50,
+                                                   "observe_e2e_s": [1.5] * 50})
+                time.sleep(0.5)
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        s = settings(prom)
+        wait_for_series(prom, s.queries["service_time_s"], lambda v: v > 0)
+        async with aiohttp.ClientSession() as session:
+            source = PrometheusSource(session, prom, s.queries, timeout_s=3.0)
+            controller = Controller(settings=s, sources=[source], cluster=StaticCluster(), board=DecisionBoard(),
+                                    metrics=ControllerMetrics())
+            for _ in range(5):
+                await controller.tick()  # warm the connection pool
+            durations = []
+            for _ in range(ticks):
+                t0 = time.perf_counter()
+                await controller.tick()
+                durations.append(time.perf_counter() - t0)
+        running.clear()
+        feeder.join(5)
+    return durations
+
+
+async def keda_latency(rps: int, seconds: float) -> tuple[list[float], int]:
+    from autoscaler.board import Published
+    from policies import Decision
+
+    board = DecisionBoard()
+    await board.publish(Published(Decision(replicas=7), 7, None, 0.0))
+    port = free_port()
+    server = await start(board, host="127.0.0.1", port=port, namespace="llm", scaled_object="model",
+                         metric_name="desired-replicas")
+    ref = pb.ScaledObjectRef(name="model", namespace="llm")
+    request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName="desired-replicas")
+    latencies: list[float] = []
+    failures = 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalScalerStub(channel)
+        await stub.GetMetricSpec(ref)
+
+        async def one() -> None:
+            nonlocal failures
+            t0 = time.perf_counter()
+            try:
+                await stub.GetMetrics(request, timeout=5)
+                latencies.append(time.perf_counter() - t0)
+            except grpc.RpcError:
+                failures += 1
+
+        tasks = []
+        start_t = time.perf_counter()
+        for i in range(int(rps * seconds)):
+            delay = start_t + i / rps - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+    await server.stop(None)
+    return latencies, failures
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class SyntheticSource:
+    """Diurnal-ish demand, so the forecaster has something to fit."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    async def collect(self, now: float) -> QueryResult:
+        import math
+
+        self.i += 1
+        rate = 40 + 20 * math.sin(2 * math.pi * now / 86400.0)
+        return QueryResult(samples={"arrival_rate_per_s": Sample(rate, now), "in_flight": Sample(rate, now),
+                                    "queue_depth": Sample(0.0, now), "service_time_s": Sample(1.0, now),
+                                    "p99_latency_s": Sample(0.2, now)})
+
+
+async def memory(ticks_per_report: list[int]) -> list[tuple[int, float]]:
+    clock = iter(range(0, 10**9, 15))
+    controller = Controller(settings=settings(), sources=[SyntheticSource()], cluster=StaticCluster(),
+                            board=DecisionBoard(), metrics=ControllerMetrics(), clock=lambda: float(next(clock)))
+    out, done = [], 0
+    for target in ticks_per_report:
+        while done < target:
+            await controller.tick()
+            done += 1
+        out.append((done, rss_mb()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.controller_bench", description=__doc__.splitlines()[0])
+    p.add_argument("--ticks", type=int, default=300)
+    p.add_argument("--rps", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=10.0)
+    args = p.parse_args(argv)
+    quiet_logs()
+    start_rss = rss_mb()
+    durations = asyncio.run(loop_overhead(args.ticks))
+    print(f"loop tick against local Prometheus ({args.ticks} ticks): p50 {pct(durations, 0.5) * 1e3:.1f} ms, "
+          f"p99 {pct(durations, 0.99) * 1e3:.1f} ms")
+    latencies, failures = asyncio.run(keda_latency(args.rps, args.seconds))
+    print(f"KEDA GetMetrics at {args.rps} req/s for {args.seconds:.0f} s ({len(latencies)} ok, {failures} failed): "
+          f"p50 {pct(latencies, 0.5) * 1e3:.2f} ms, p99 {pct(latencies, 0.99) * 1e3:.2f} ms")
+    reports = asyncio.run(memory([240, 5760]))
+    print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
+        f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * 15 / 3600:.0f} h)" for ticks, rss in reports))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
