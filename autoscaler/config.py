@@ -11,12 +11,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from autoscaler.policyfile import ConfigError, describe
-from autoscaler.presets import PRESETS, queries
+from autoscaler.policyfile import ConfigError, describe, read_yaml_mapping
+from autoscaler.presets import DCGM_HEADROOM, PRESETS, queries
 from policies import PolicySpec
 
 
@@ -42,6 +41,7 @@ class PrometheusSource(_Strict):
     timeout_s: float = Field(3.0, gt=0, le=60)
     selector: str = Field("", description="Label matchers put into every preset query, e.g. namespace=\"llm\".")
     queries: dict[str, str] = Field(default_factory=dict, description="Per-signal PromQL overriding the preset.")
+    dcgm_memory: bool = Field(False, description="GPU memory headroom from DCGM framebuffer metrics.")
 
 
 class ScrapeSource(_Strict):
@@ -128,7 +128,10 @@ class Settings(BaseSettings):
 
     @property
     def queries(self) -> dict[str, str]:
-        return queries(self.model_server, self.prometheus.selector, self.prometheus.queries)
+        overrides = dict(self.prometheus.queries)
+        if self.prometheus.dcgm_memory:
+            overrides.setdefault("gpu_memory_headroom_ratio", DCGM_HEADROOM)
+        return queries(self.model_server, self.prometheus.selector, overrides)
 
     @classmethod
     def settings_customise_sources(
@@ -153,19 +156,8 @@ def load_config(path: str | Path | None) -> Settings:
     data: dict[str, Any] = {}
     source = "environment"
     if path is not None:
-        path = Path(path)
         source = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(loaded).__name__}")
-        data = loaded or {}
+        data = read_yaml_mapping(path)
     try:
         return Settings(**_merge_tick(data))
     except ValidationError as exc:

@@ -24,25 +24,30 @@ def describe(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file that must hold a mapping (empty file: empty mapping), or a ConfigError saying why."""
+    path = Path(path)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields, got {type(loaded).__name__}")
+    return loaded
+
+
 def load_policy_spec(path: str | Path | None, **overrides) -> PolicySpec:
     data: dict = {}
     source = "policy"
     if path is not None:
-        path = Path(path)
         source = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of policy fields, got {type(loaded).__name__}")
-        data = loaded
+        data = read_yaml_mapping(path)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return PolicySpec(**data)

@@ -104,6 +104,13 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
     if settings.prometheus.url:
         sources.append(PrometheusSource(session, settings.prometheus.url, settings.queries,
                                         timeout_s=settings.prometheus.timeout_s))
+    if settings.scrape.enabled:
+        from autoscaler.presets import SCRAPE
+        from autoscaler.signals.scrape import KubePodEndpoints, ScrapeSource
+
+        pods = KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                                port=settings.scrape.port, path=settings.scrape.path)
+        sources.append(ScrapeSource(session, pods, SCRAPE[settings.model_server], timeout_s=settings.scrape.timeout_s))
     elector = None
     if settings.leader_election.enabled and settings.mode == Mode.actuate:
         le = settings.leader_election

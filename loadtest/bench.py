@@ -14,14 +14,13 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from loadtest import policyset
 from loadtest.sim.cluster import ClusterModel
 from loadtest.sim.run import RunResult, SimConfig, needed_replicas, run, ticks
 from loadtest.traces import TraceError, read_trace
-from loadtest.workload import CLASSES, ServerModel, WorkloadConfig, build
+from loadtest.workload import ServerModel, WorkloadConfig, build
 
 BUNDLED_TRACE = Path(__file__).parent / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
 TARGETS = {"critical": 0.999, "standard": 0.99}

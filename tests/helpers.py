@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policies import ClusterState, PolicySpec, Sample, Signals
+from policies import ClusterState, Sample, Signals
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_TRACE = ROOT / "loadtest" / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"

@@ -2,7 +2,7 @@
 
 import math
 
-from policies import ClusterState, PolicySpec, Sample, Signals, decide, initial_state
+from policies import ClusterState, Sample, Signals, decide, initial_state
 
 from helpers import signals
 
@@ -29,7 +29,7 @@ def test_no_demand_signal_is_an_invalid_hold(spec):
 
 def test_steady_load_settles_and_scales_down_after_the_window(spec):
     # 40 req/s x 1 s = 40 busy slots; at 8 slots per replica and a 2 s SLO that needs 6 replicas.
-    steps, replicas = [], 20
+    replicas = 20
     decisions = []
     state = initial_state()
     for i in range(120):

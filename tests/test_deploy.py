@@ -2,9 +2,7 @@
 
 import asyncio
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml

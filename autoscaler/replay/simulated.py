@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
 from typing import Callable
 
 import numpy as np

@@ -6,7 +6,6 @@ start-up + node-provisioning window, beyond the replicas already decided."""
 
 from __future__ import annotations
 
-import math
 
 from policies.spec import PolicySpec
 
