@@ -75,9 +75,9 @@ def prometheus_binary() -> str:
 
 
 @contextlib.contextmanager
-def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0):
-    """Debian's Prometheus scraping `targets` (host:port) every `scrape_interval_s`."""
-    port = free_port()
+def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int | None = None):
+    """Debian's Prometheus scraping `targets` (host:port) every `scrape_interval_s` (on `port`, or a free one)."""
+    port = port or free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "prometheus.yml"
         config.write_text(
