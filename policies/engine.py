@@ -67,6 +67,12 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     startup = startup_s(spec, samples)
     lead = lead_time_s(spec, startup, cluster.warm_slots_ready)
     reasons: list[str] = []
+    if fc.outage_held(spec, forecast_state, now):
+        reasons.append(
+            f"forecast: arrivals {clean.arrival_rate_per_s or 0:.1f} req/s, far below the expected "
+            f"{fc.point(forecast_state, 1):.1f}: treated as an ingress outage since "
+            f"{now - forecast_state.outage_since_s:.0f} s (held up to {spec.outage_hold_s:.0f} s)"
+        )
     if forecast_state.fitted_at_s == now and forecast_state.kind in ("holt", "holt-winters"):
         reasons.append(f"{REFIT_REASON} {forecast_state.kind} on {len(forecast_state.history)} buckets")
     # A miss while capacity the policy already ordered is still landing says it was late, which more

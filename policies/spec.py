@@ -66,6 +66,10 @@ class PolicySpec(BaseModel):
     burst_confirm_s: float = Field(
         30.0, ge=0, description="Reactive need above the forecast must persist this long to be provisioned."
     )
+    outage_hold_s: float = Field(
+        3600.0, ge=0, description="An abrupt, implausible drop to ~zero demand is treated as an outage (not "
+        "learned, capacity held at the forecast) for at most this long."
+    )
     scale_up_limit_ratio: float = Field(1.0, gt=0, description="Per tick, add at most this fraction...")
     scale_up_limit_replicas: int = Field(4, ge=1, description="...or this many replicas, whichever is more.")
     scale_down_stabilization_s: float = Field(

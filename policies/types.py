@@ -107,6 +107,8 @@ class ForecastState:
     ratios: tuple[float, ...] = ()
     # Recent per-tick observed rates (same window): the absolute burst envelope.
     rates: tuple[float, ...] = ()
+    # Start of an abrupt drop to (near) zero that the model finds implausible: an ingress outage.
+    outage_since_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

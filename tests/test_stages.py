@@ -252,3 +252,23 @@ def test_a_gap_is_filled_with_the_model_not_with_zeros():
     fs = fc.observe(spec, fs, 80.0, now + 3 * spec.forecast_bucket_s)  # three buckets later
     assert len(fs.history) == 3 and min(fs.history) == pytest.approx(80.0)
     assert fc.point(fs, 1) == pytest.approx(80.0)
+
+
+def test_an_implausible_drop_to_zero_is_held_as_an_outage_then_accepted():
+    spec = PolicySpec(outage_hold_s=900.0)
+    fs, now = _feed(spec, [100.0] * 300)  # steady: silent ticks never happen
+    expected = fc.point(fs, 1)
+    for i in range(40):  # 10 minutes of nothing
+        fs = fc.observe(spec, fs, 0.0, now + 15.0 * i)
+    assert fc.outage_held(spec, fs, now + 15.0 * 39)
+    assert fc.point(fs, 1) == pytest.approx(expected, rel=0.05)  # not learned
+    for i in range(40, 100):  # past the hold: accepted as real
+        fs = fc.observe(spec, fs, 0.0, now + 15.0 * i)
+    assert not fc.outage_held(spec, fs, now + 15.0 * 99)
+    assert fs.history[-1] == 0.0  # the silence is learned from then on
+
+
+def test_on_off_traffic_is_never_an_outage():
+    spec = PolicySpec()
+    fs, now = _feed(spec, ([600.0] * 6 + [0.0] * 10) * 20)
+    assert fs.outage_since_s is None

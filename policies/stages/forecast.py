@@ -19,6 +19,13 @@ The upper bound is the smaller of two envelopes over the last `burst_lookback_s`
   recent peaks are the honest bound.
 Both are upper bounds of the same quantity under different burst models; the tighter one is used, and the
 SLO feedback stage corrects what both miss.
+
+Outages: arrivals that fall to under 5 % of what the model expects, when the model expects at least 20
+requests in the tick (under Poisson, practically impossible) and such drops are rare in the recent ratios
+(under 1 %: on/off traffic, where silent ticks are routine, never qualifies), look like an ingress outage,
+not a change in demand: an upstream failure whose traffic comes back all at once. For up to
+`outage_hold_s` they are not learned, so the forecast (and the capacity sized on it) holds; a drop that
+lasts longer is accepted as real.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from policies.spec import PolicySpec
 from policies.types import ForecastState
 
 _HOLT_MIN_BUCKETS = 6
+_OUTAGE_RATIO = 0.05
+_OUTAGE_MIN_EXPECTED = 20.0  # requests per tick
+_OUTAGE_MAX_SHARE = 0.01
 _LEVEL_ALPHA = 0.5
 _MAX_RATIO = 50.0
 _MIN_RATIOS = 8
@@ -143,6 +153,12 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
         fs = _fit(spec, fs, now)
     if rate is None:
         return fs
+    if _implausible_drop(spec, fs, rate):
+        since = fs.outage_since_s if fs.outage_since_s is not None else now
+        if now - since < spec.outage_hold_s:
+            return replace(fs, outage_since_s=since)  # not learned: the forecast holds
+    elif fs.outage_since_s is not None:
+        fs = replace(fs, outage_since_s=None)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
     ratios = fs.ratios
@@ -154,6 +170,20 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
             ratios = (ratios + (ratio,))[-_kept(spec):]
     rates = (fs.rates + (rate,))[-_kept(spec):]
     return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates)
+
+
+def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:
+    if fs.kind == "none" or len(fs.ratios) < _MIN_RATIOS:
+        return False
+    expected = point(fs, 1)
+    if expected * spec.tick_s < _OUTAGE_MIN_EXPECTED or rate >= _OUTAGE_RATIO * expected:
+        return False
+    low = sum(1 for r in fs.ratios if r < _OUTAGE_RATIO)
+    return low < _OUTAGE_MAX_SHARE * len(fs.ratios)
+
+
+def outage_held(spec: PolicySpec, fs: ForecastState, now: float) -> bool:
+    return fs.outage_since_s is not None and now - fs.outage_since_s < spec.outage_hold_s
 
 
 def _kept(spec: PolicySpec) -> int:
