@@ -26,7 +26,7 @@ demo: $(STAMP)
 # Real servers the integration tests start: Prometheus and nginx from Debian.
 $(SYSTEM_STAMP): $(STAMP)
 	@command -v prometheus >/dev/null && command -v nginx >/dev/null || \
-	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq prometheus nginx)
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus nginx)
 	touch $@
 
 system: $(SYSTEM_STAMP)

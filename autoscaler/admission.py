@@ -10,7 +10,9 @@ Priority comes from a request header: an integer (Gateway API convention: below 
 to the class with the largest priority not above it) or a class name. A missing header is the default
 class; an unknown name too. The highest class is always admitted. Shed fractions are applied exactly, by
 error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
-not depend on chance. The saturation guard rejects a class while the live queue is at least its depth.
+not depend on chance. The saturation guard rejects a class while the queue is at least its depth; the
+queue is the depth read at the latest tick unless a finer `live_queue` probe is plugged in, so the guard
+reacts within one tick, not within one request.
 Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
 """

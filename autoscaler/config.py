@@ -33,7 +33,6 @@ class Target(_Strict):
     namespace: str = Field(min_length=1)
     kind: Literal["Deployment", "StatefulSet"] = "Deployment"
     name: str = Field(min_length=1)
-    pod_selector: str | None = Field(None, description="Label selector of the model pods (default: the target's).")
 
 
 class PrometheusSource(_Strict):
