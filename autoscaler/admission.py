@@ -11,8 +11,8 @@ to the class with the largest priority not above it) or a class name. A missing 
 class; an unknown name too. The highest class is always admitted. Shed fractions are applied exactly, by
 error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
 not depend on chance. The saturation guard rejects a class while the queue is at least its depth; the
-queue is the depth read at the latest tick unless a finer `live_queue` probe is plugged in, so the guard
-reacts within one tick, not within one request.
+queue comes from `live_queue` (in `autoscaler run`: the pods' queue gauge scraped every second, falling
+back to the latest tick's value when the probe does not know).
 Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
 """

@@ -63,6 +63,10 @@ class Admission(_Strict):
     priority_header: str = "x-request-priority"
     default_priority: str = "standard"
     retry_after_s: int = Field(5, ge=1, le=3600)
+    queue_probe_interval_s: float | None = Field(
+        1.0, gt=0, le=60, description="Scrape the pods' queue gauge this often for the saturation guard "
+        "(port and path from `scrape`); None: use the tick's queue depth."
+    )
 
 
 class Keda(_Strict):

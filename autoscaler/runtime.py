@@ -128,10 +128,28 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
     )
     runners = [await _serve(health_app(controller, metrics, board), host, settings.http_port)]
+    probe = None
     if settings.admission.enabled:
+        from autoscaler.presets import SCRAPE
+        from autoscaler.signals.queueprobe import QueueProbe
+        from autoscaler.signals.scrape import KubePodEndpoints
+
+        queue_metric = SCRAPE[settings.model_server].get("queue_depth")
+        if settings.admission.queue_probe_interval_s is not None and queue_metric:
+            pods = KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                                    port=settings.scrape.port, path=settings.scrape.path)
+            probe = QueueProbe(session, pods, queue_metric, interval_s=settings.admission.queue_probe_interval_s)
+
+        def live_queue() -> float | None:
+            value = probe.current() if probe is not None else None
+            if value is None and board.latest is not None:
+                return board.latest.queue_depth
+            return value
+
         admission = Admission(
             board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
             default_class=settings.admission.default_priority, retry_after_s=settings.admission.retry_after_s,
+            live_queue=live_queue,
             on_result=lambda cls, result: (priorities.add(cls, result), metrics.admission.labels(cls, result).inc()),
         )
         runners.append(await _serve(admission.app(), host, settings.admission.port))
@@ -146,6 +164,8 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
     tasks = [asyncio.create_task(controller.run(stop))]
     if elector is not None:
         tasks.append(asyncio.create_task(elector.run(stop)))
+    if probe is not None:
+        tasks.append(asyncio.create_task(probe.run(stop)))
     try:
         await stop.wait()
         await asyncio.gather(*tasks)

@@ -55,6 +55,23 @@ class KubePodEndpoints:
         return out
 
 
+async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> dict[str, float]:
+    """One pod's /metrics, as sample name -> value summed over label sets."""
+    try:
+        async with session.get(url, timeout=timeout) as response:
+            if response.status != 200:
+                raise TransientError(f"scrape {url}: HTTP {response.status}", kind="scrape_failed")
+            text = await response.text()
+    except asyncio.TimeoutError:
+        raise TransientError(f"scrape {url}: timed out", kind="scrape_failed") from None
+    except aiohttp.ClientError as exc:
+        raise TransientError(f"scrape {url}: {exc}", kind="scrape_failed") from None
+    try:
+        return _read(text)
+    except ValueError as exc:
+        raise PermanentError(f"scrape {url}: not Prometheus text: {exc}", kind="bad_response") from None
+
+
 def _read(text: str) -> dict[str, float]:
     """Sample name -> value summed over label sets, for one pod."""
     values: dict[str, float] = {}
@@ -75,19 +92,7 @@ class ScrapeSource:
         self._hist: dict[str, tuple[float, float]] = {}
 
     async def _fetch(self, url: str) -> dict[str, float]:
-        try:
-            async with self.session.get(url, timeout=self.timeout) as response:
-                if response.status != 200:
-                    raise TransientError(f"scrape {url}: HTTP {response.status}", kind="scrape_failed")
-                text = await response.text()
-        except asyncio.TimeoutError:
-            raise TransientError(f"scrape {url}: timed out", kind="scrape_failed") from None
-        except aiohttp.ClientError as exc:
-            raise TransientError(f"scrape {url}: {exc}", kind="scrape_failed") from None
-        try:
-            return _read(text)
-        except ValueError as exc:
-            raise PermanentError(f"scrape {url}: not Prometheus text: {exc}", kind="bad_response") from None
+        return await fetch_metrics(self.session, url, self.timeout)
 
     def _counter(self, per_pod: dict[str, float]) -> float:
         reset = any(p in self._last and v < self._last[p] for p, v in per_pod.items())

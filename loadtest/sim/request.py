@@ -6,6 +6,8 @@ a request of class c is shed when its fixed U(0,1) draw is below the shed level 
 with exponential service times and a fixed replica count this is exactly M/M/c, which the tests check
 against Erlang C.
 
+The saturation guard sees the queue as the admission endpoint does: sampled every `probe_s` (1 s).
+
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
 minute, queue and in-flight gauges.
@@ -28,9 +30,15 @@ INF = math.inf
 
 
 class RequestSim:
-    def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float) -> None:
+    def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float,
+                 probe_s: float = 1.0) -> None:
         self.w = workload
         self.tick_s = tick_s
+        # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
+        # (autoscaler.signals.queueprobe), not the instantaneous queue.
+        self.probe_s = probe_s
+        self._probed = 0
+        self._next_probe = 0.0
         self.k = concurrency
         self.slo_s = slo_s
         n = len(workload.arrival_s)
@@ -126,7 +134,10 @@ class RequestSim:
                     break
                 j = i
                 i += 1
-                if (any_shed and u[j] < levels[prio[j]]) or len(queue) >= depth[prio[j]]:
+                if t >= self._next_probe:
+                    self._probed = len(queue)
+                    self._next_probe = (t // self.probe_s + 1) * self.probe_s
+                if (any_shed and u[j] < levels[prio[j]]) or self._probed >= depth[prio[j]]:
                     shed_out[j] = True
                     continue
                 if busy < cap and not queue:
