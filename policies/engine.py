@@ -85,7 +85,9 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     reasons += why
     recent = remember_reactive(spec, state.reactive_recent, reactive_n, now)
 
-    predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s)
+    quantiles = fc.envelope(spec, forecast_state)
+    predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s,
+                            quantiles=quantiles)
     predictive_n = None
     if predicted is not None:
         predictive_n = replicas_for_rate(spec, predicted[1] * headroom, service_s)
@@ -107,7 +109,8 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         reasons.append("hold: not scaling down while demand signals are missing")
     reasons += [f"dropped {d}" for d in dropped]
 
-    peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s)
+    peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s,
+                       quantiles=quantiles)
     peak_n = replicas_for_rate(spec, peak[1] * headroom, service_s) if peak else None
     warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n)
     reasons += why

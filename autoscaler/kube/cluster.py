@@ -24,6 +24,7 @@ class ClusterReader:
         self.warm_pool_name = warm_pool_name
         self._reported: set[str] = set()
         self._first_read = True
+        self._template = None  # the pod template seen by the latest read, for the warm pool
 
     async def _workload(self):
         read = (self.kube.apps.read_namespaced_deployment if self.kind == "Deployment"
@@ -31,10 +32,14 @@ class ClusterReader:
         return await self.kube.call(f"read {self.kind} {self.namespace}/{self.name}", read, self.name, self.namespace)
 
     async def pod_template(self):
-        return (await self._workload()).spec.template
+        """The target's pod template: from this tick's read when there was one, else read now."""
+        if self._template is None:
+            self._template = (await self._workload()).spec.template
+        return self._template
 
     async def read(self, now: float) -> ClusterState:
         workload = await self._workload()
+        self._template = workload.spec.template
         spec_replicas = workload.spec.replicas if workload.spec.replicas is not None else 1
         ready = (workload.status.ready_replicas or 0) if workload.status else 0
         selector = label_selector(workload.spec.selector.match_labels or {})

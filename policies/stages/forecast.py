@@ -199,8 +199,14 @@ def _quantile(spec: PolicySpec, values: tuple[float, ...]) -> float | None:
 
 
 
+def envelope(spec: PolicySpec, fs: ForecastState) -> tuple[float | None, float | None]:
+    """The burst envelope's two quantiles (ratio, recent rate), computed once per tick."""
+    return _quantile(spec, fs.ratios), _quantile(spec, fs.rates)
+
+
 def forecast(
-    spec: PolicySpec, fs: ForecastState, *, now: float, start_s: float, end_s: float
+    spec: PolicySpec, fs: ForecastState, *, now: float, start_s: float, end_s: float,
+    quantiles: tuple[float | None, float | None] | None = None,
 ) -> tuple[float, float] | None:
     """(peak point forecast, upper bound) over [now + start_s, now + end_s]; None before any history."""
     if fs.kind == "none" or fs.bucket_start_s is None:
@@ -209,11 +215,10 @@ def forecast(
     first = max(1, 1 + math.floor((now + start_s - fs.bucket_start_s) / width))
     last = max(first, 1 + math.floor((now + end_s - fs.bucket_start_s) / width))
     peak = max(point(fs, h) for h in range(first, last + 1))
-    ratio = _quantile(spec, fs.ratios)
+    ratio, recent = quantiles if quantiles is not None else envelope(spec, fs)
     if ratio is None:
         return peak, peak
     proportional = peak * ratio
-    recent = _quantile(spec, fs.rates)
     now_point = point(fs, 1)
     if recent is None or now_point <= 0:
         return peak, proportional
