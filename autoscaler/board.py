@@ -28,7 +28,6 @@ class Published:
 class DecisionBoard:
     latest: Published | None = None
     _changed: asyncio.Condition | None = field(default=None, repr=False)
-    is_leader: bool = False
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:

@@ -29,10 +29,6 @@ def _progress(total: int, label: str):
     return bar, bar.update
 
 
-def _gpu_hours(result) -> float:
-    return result.costs.total_gpu_hours
-
-
 def replay(args: argparse.Namespace) -> int:
     spec = load_policy_spec(args.policy, tick_s=args.tick_s)
     out = Path(args.out)
@@ -58,13 +54,9 @@ def replay(args: argparse.Namespace) -> int:
         print(f"replicas decided: min {min(r['replicas'] for r in rows)}, max {max(r['replicas'] for r in rows)}")
     else:
         from autoscaler.replay.simulated import simulate
-        from loadtest.sim.cluster import ClusterModel
 
         bar, update = _progress(ticks, "simulate")
-        ours, actual, info = simulate(
-            recording, spec, cluster=ClusterModel(startup_s=spec.default_startup_s,
-                                                  node_provisioning_s=spec.node_provisioning_s), progress=update
-        )
+        ours, actual, info = simulate(recording, spec, progress=update)
         bar.close()
         print(f"demand reconstructed for {info['ticks']} ticks ({info['demand_gaps']} gaps filled), "
               f"service time {info['service_time_s']} s")
@@ -74,7 +66,7 @@ def replay(args: argparse.Namespace) -> int:
             a = result.outcome["slo_attainment"]
             print(
                 f"{name:<11} SLO critical {a['critical']:.3%} standard {a['standard']:.3%} | "
-                f"p99 wait {result.outcome['p99_queue_wait_s']:.2f} s | GPU-h {_gpu_hours(result):.2f} | "
+                f"p99 wait {result.outcome['p99_queue_wait_s']:.2f} s | GPU-h {result.costs.total_gpu_hours:.2f} | "
                 f"shed {result.outcome['shed_fraction']:.2%} | actions {result.scaling_actions}"
             )
         rows = ours.timeline
@@ -89,21 +81,14 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def _replay_trace(args: argparse.Namespace, spec, out: Path) -> int:
-    from loadtest.sim.cluster import ClusterModel
-    from loadtest.sim.run import PolicyRun, SimConfig, needed_replicas, run, ticks
+    from loadtest.sim.run import PolicyRun, initial_replicas, needed_replicas, run, sim_config_for, ticks
     from loadtest.traces import read_trace
-    from loadtest.workload import ServerModel, WorkloadConfig, build
+    from loadtest.workload import WorkloadConfig, build
     from policies import decide, initial_state
 
-    server = ServerModel(concurrency=spec.replica_concurrency)
-    config = SimConfig(
-        tick_s=spec.tick_s, slo_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio,
-        cluster=ClusterModel(startup_s=spec.default_startup_s, node_provisioning_s=spec.node_provisioning_s),
-        server=server,
-    )
-    workload = build(read_trace(args.input), WorkloadConfig(server=server))
-    need = needed_replicas(workload, config)
-    initial = int(need[: int(config.cold_start_s // config.tick_s) + 1].max())
+    config = sim_config_for(spec)
+    workload = build(read_trace(args.input), WorkloadConfig(server=config.server))
+    initial = initial_replicas(needed_replicas(workload, config), config)
     bar, update = _progress(ticks(workload, config.tick_s), "simulate")
     result = run(
         PolicyRun("predictive", spec, decide, initial_state()), workload, config,
@@ -113,7 +98,7 @@ def _replay_trace(args: argparse.Namespace, spec, out: Path) -> int:
     a = result.outcome["slo_attainment"]
     print(
         f"trace {workload.name} (scale x{workload.scale:.3g}): SLO critical {a['critical']:.3%} "
-        f"standard {a['standard']:.3%} | GPU-h {_gpu_hours(result):.2f} | shed {result.outcome['shed_fraction']:.2%}"
+        f"standard {a['standard']:.3%} | GPU-h {result.costs.total_gpu_hours:.2f} | shed {result.outcome['shed_fraction']:.2%}"
     )
     write_csv(out / "timeline.csv", result.timeline)
     if not args.no_plot:

@@ -19,11 +19,10 @@ from autoscaler.errors import TransientError
 
 def replica_queries(namespace: str, kind: str, name: str) -> dict[str, str]:
     resource = "deployment" if kind == "Deployment" else "statefulset"
-    ready = "status_replicas_ready" if kind == "Deployment" else "status_replicas_ready"
     selector = f'namespace="{namespace}",{resource}="{name}"'
     return {
         "spec_replicas": f"sum(kube_{resource}_spec_replicas{{{selector}}})",
-        "ready_replicas": f"sum(kube_{resource}_{ready}{{{selector}}})",
+        "ready_replicas": f"sum(kube_{resource}_status_replicas_ready{{{selector}}})",
     }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from loadtest import policyset
 from loadtest.sim.cluster import ClusterModel
-from loadtest.sim.run import RunResult, SimConfig, needed_replicas, run, ticks
+from loadtest.sim.run import RunResult, SimConfig, initial_replicas, needed_replicas, run, ticks
 from loadtest.traces import TraceError, read_trace
 from loadtest.workload import ServerModel, WorkloadConfig, build
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, priority_mix=mix, server=server)
     )
     needed = needed_replicas(workload, config)
-    initial = int(needed[: int(config.cold_start_s // config.tick_s) + 1].max())
+    initial = initial_replicas(needed, config)
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)

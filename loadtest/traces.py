@@ -108,8 +108,8 @@ def read_azure_csv(path: Path) -> RequestTrace:
     return _finish(path.parent.name or path.stem, rows, path)
 
 
-def read_mooncake_jsonl(path: Path) -> RequestTrace:
-    rows = []
+def iter_json_objects(path: Path, error: type[ValueError]):
+    """(line number, object) for each non-blank line of a JSONL file; `error` names file and line."""
     with path.open() as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -117,15 +117,21 @@ def read_mooncake_jsonl(path: Path) -> RequestTrace:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise TraceError(f"{path}:{line}: not JSON: {exc.msg}") from None
+                raise error(f"{path}:{line}: not JSON: {exc.msg}") from None
             if not isinstance(record, dict):
-                raise TraceError(f"{path}:{line}: expected a JSON object")
-            values = []
-            for field in ("timestamp", "input_length", "output_length"):
-                if field not in record:
-                    raise TraceError(f"{path}:{line}: field {field!r} is missing")
-                values.append(_number(record[field], path, line, field))
-            rows.append((values[0] / 1000.0, values[1], values[2]))
+                raise error(f"{path}:{line}: expected a JSON object")
+            yield line, record
+
+
+def read_mooncake_jsonl(path: Path) -> RequestTrace:
+    rows = []
+    for line, record in iter_json_objects(path, TraceError):
+        values = []
+        for field in ("timestamp", "input_length", "output_length"):
+            if field not in record:
+                raise TraceError(f"{path}:{line}: field {field!r} is missing")
+            values.append(_number(record[field], path, line, field))
+        rows.append((values[0] / 1000.0, values[1], values[2]))
     return _finish(path.parent.name or path.stem, rows, path)
 
 

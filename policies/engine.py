@@ -132,7 +132,6 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         last_replicas=replicas,
         recommendations=recommendations,
         reactive_recent=recent,
-        last_scale_up_s=now if replicas > current else state.last_scale_up_s,
         shed=shed,
     )
     return decision, state

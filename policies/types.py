@@ -102,7 +102,6 @@ class ForecastState:
     trend: float = 0.0
     season: tuple[float, ...] = ()
     season_pos: int = 0  # index into `season` of the next bucket
-    resid_rmse: float = 0.0
     # Recent per-tick ratios observed rate / model's expected rate: the within-bucket burst envelope.
     ratios: tuple[float, ...] = ()
     # Recent per-tick observed rates (same window): the absolute burst envelope.
@@ -120,7 +119,6 @@ class PolicyState:
     recommendations: tuple[tuple[float, int], ...] = ()
     # (time, reactive replicas) within the burst-confirmation window.
     reactive_recent: tuple[tuple[float, int], ...] = ()
-    last_scale_up_s: float | None = None
     last_counter: tuple[float, float] | None = None  # (value, at_s) of arrivals_total
     startup_samples_s: tuple[float, ...] = ()
     service_time_s: float | None = None

@@ -41,17 +41,16 @@ def placeholder_spec(template, *, name: str, target: str, priority_class: str, p
                           "limits": {k: str(v) for k, v in limits.items()}},
         }],
     }
-    api = template.spec
-    if api.node_selector:
-        pod_spec["nodeSelector"] = dict(api.node_selector)
-    if api.tolerations:
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
         pod_spec["tolerations"] = [
             {k: v for k, v in {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect,
                                "tolerationSeconds": t.toleration_seconds}.items() if v is not None}
-            for t in api.tolerations
+            for t in spec.tolerations
         ]
-    if api.affinity:
-        pod_spec["affinity"] = serialize(api.affinity)
+    if spec.affinity:
+        pod_spec["affinity"] = serialize(spec.affinity)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from loadtest.traces import iter_json_objects
 from policies.types import ClusterState, Sample, Signals
 
 SAMPLE_FIELDS = (
@@ -180,20 +181,8 @@ def read_csv(path: Path) -> Recording:
 
 
 def read_jsonl(path: Path) -> Recording:
-    def rows():
-        with path.open() as handle:
-            for line, text in enumerate(handle, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise RecordingError(f"{path}:{line}: not JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise RecordingError(f"{path}:{line}: expected a JSON object")
-                yield f"{path}:{line}", row
-
-    return _from_rows(str(path), rows())
+    rows = ((f"{path}:{line}", row) for line, row in iter_json_objects(path, RecordingError))
+    return _from_rows(str(path), rows)
 
 
 def _query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:

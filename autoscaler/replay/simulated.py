@@ -16,9 +16,8 @@ from typing import Callable
 import numpy as np
 
 from autoscaler.replay.recording import Recording, RecordingError
-from loadtest.sim.cluster import ClusterModel
-from loadtest.sim.run import PolicyRun, RunResult, SimConfig, run
-from loadtest.workload import RateWorkload, ServerModel
+from loadtest.sim.run import PolicyRun, RunResult, run, sim_config_for
+from loadtest.workload import RateWorkload
 from policies import PolicySpec, decide, initial_state
 from policies.types import Decision, Signals
 
@@ -62,7 +61,6 @@ def simulate(
     recording: Recording,
     spec: PolicySpec,
     *,
-    cluster: ClusterModel,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[RunResult, RunResult | None, dict]:
     tick = spec.tick_s
@@ -83,13 +81,7 @@ def simulate(
         priority_mix=(0.2, 0.5, 0.3),
         span_s=n * tick,
     )
-    config = SimConfig(
-        tick_s=tick,
-        slo_s=spec.slo_queue_wait_s,
-        miss_ratio=spec.slo_miss_target_ratio,
-        cluster=cluster,
-        server=ServerModel(concurrency=spec.replica_concurrency),
-    )
+    config = sim_config_for(spec)
     initial_sample = recording.series.get("spec_replicas")
     initial = int(initial_sample[1][0]) if initial_sample else max(spec.min_replicas, 1)
     ours = run(

@@ -20,6 +20,7 @@ from loadtest.sim.rate import RateSim, tick_arrivals
 from loadtest.sim.request import RequestSim
 from loadtest.workload import CLASSES, RateWorkload, RequestWorkload, ServerModel
 from policies.engine import REFIT_REASON
+from policies import PolicySpec
 from policies.queueing import servers_for
 
 
@@ -58,6 +59,22 @@ class RunResult:
 
 def _value(sample) -> float | str:
     return round(sample.value, 3) if sample is not None else ""
+
+
+def sim_config_for(spec: PolicySpec) -> SimConfig:
+    """The simulated cluster a policy spec describes: its tick, SLO, capacity and nominal start-up times."""
+    return SimConfig(
+        tick_s=spec.tick_s,
+        slo_s=spec.slo_queue_wait_s,
+        miss_ratio=spec.slo_miss_target_ratio,
+        cluster=ClusterModel(startup_s=spec.default_startup_s, node_provisioning_s=spec.node_provisioning_s),
+        server=ServerModel(concurrency=spec.replica_concurrency),
+    )
+
+
+def initial_replicas(needed: np.ndarray, config: SimConfig) -> int:
+    """Every policy starts from the replicas the workload's first cold start truly needs, ready."""
+    return int(needed[: int(config.cold_start_s // config.tick_s) + 1].max())
 
 
 def ticks(workload: RequestWorkload | RateWorkload, tick_s: float) -> int:

@@ -111,7 +111,6 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
         alpha=float(values[0]), beta=float(values[1]), phi=float(values[2]),
         level=float(values[3]), trend=float(values[4]),
         gamma=gamma, season=season, season_pos=0,
-        resid_rmse=math.sqrt(float(r.sse) / len(y)),
     )
 
 
