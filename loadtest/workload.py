@@ -7,7 +7,8 @@ request occupies its slot for prefill_s_per_token x input + decode_s_per_token x
 Scale: by default every trace is scaled so that its busiest minute (busiest window for rate traces) keeps
 `peak_replicas` x `concurrency` x `peak_utilization` slots busy, i.e. needs tens of replicas. Request traces
 are scaled up by superposing copies shifted by up to `copy_shift_s` (which keeps their minute-scale burst
-shape), the last copy thinned to the fractional part; rate traces multiply their rates.
+shape), the last copy thinned to the fractional part; rate traces multiply their rates (thinning below 1,
+which makes each client's counts less dispersed: `scaled_cv2`).
 
 Priorities are assigned deterministically from a per-request hash, by a configurable mix.
 """
@@ -134,9 +135,18 @@ def rate_workload(trace: RateTrace, config: WorkloadConfig) -> RateWorkload:
         scale = target / max(float((trace.rate_per_s * service).max()), 1e-9)
     return RateWorkload(
         name=trace.name, scale=scale, window_s=trace.window_s, rate_per_s=trace.rate_per_s * scale,
-        client_rate_per_s=trace.client_rate_per_s * scale, client_cv2=trace.client_cv2, service_s=service, output_tokens=tok_out, priority_mix=config.priority_mix,
-        span_s=trace.span_s,
+        client_rate_per_s=trace.client_rate_per_s * scale, client_cv2=scaled_cv2(trace.client_cv2, scale),
+        service_s=service, output_tokens=tok_out, priority_mix=config.priority_mix, span_s=trace.span_s,
     )
+
+
+def scaled_cv2(cv2: np.ndarray, scale: float) -> np.ndarray:
+    """A client's count dispersion after scaling its rate. Below 1 the scale keeps each request with
+    probability p = scale (thinning): a count N becomes Binomial(N, p), so the index of dispersion ca2
+    becomes p ca2 + 1 - p. Above 1 it superposes independent copies, which keeps the dispersion."""
+    if scale >= 1.0:
+        return cv2
+    return scale * cv2 + (1.0 - scale)
 
 
 def build(trace: RequestTrace | RateTrace, config: WorkloadConfig) -> RequestWorkload | RateWorkload:

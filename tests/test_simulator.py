@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from loadtest.sim.cluster import ClusterModel, SimCluster
-from loadtest.sim.rate import RateSim
+from loadtest.sim.rate import RateSim, tick_arrivals
 from loadtest.sim.request import RequestSim
-from loadtest.workload import RateWorkload, RequestWorkload
+from loadtest.workload import RateWorkload, RequestWorkload, scaled_cv2
 from policies.queueing import erlang_c, mean_wait
 
 
@@ -113,3 +113,70 @@ def test_shedding_and_guard_reject_only_what_they_should():
     assert outcome["shed_by_class"]["critical"] == 0.0
     assert 0.5 < outcome["shed_by_class"]["sheddable"] <= 1.0
     assert outcome["shed_by_class"]["standard"] > 0.0  # overloaded 5x: the guard must act
+
+
+def _rate_workload(client_rates: np.ndarray, client_cv2: np.ndarray, window: float = 600.0, service: float = 1.0):
+    windows = client_rates.shape[1]
+    return RateWorkload(
+        name="rate", scale=1.0, window_s=window, rate_per_s=client_rates.sum(axis=0), client_rate_per_s=client_rates,
+        client_cv2=client_cv2, service_s=np.full(windows, service), output_tokens=np.zeros(windows),
+        priority_mix=(0.2, 0.5, 0.3), span_s=windows * window,
+    )
+
+
+def test_tick_arrivals_keep_each_window_count_and_the_burstiness():
+    """A steady client and a batchy one: every window holds exactly the trace's requests; the batchy
+    client's ticks spread about its dispersion (mean x ca2), the steady one's hardly at all."""
+    windows = 200
+    tick = 15.0
+    steady = _rate_workload(np.full((1, windows), 10.0), np.full((1, windows), 1e-6))
+    batchy = _rate_workload(np.full((1, windows), 10.0), np.full((1, windows), 50.0))
+    for workload, dispersion in ((steady, 0.0), (batchy, 50.0)):
+        counts = tick_arrivals(workload, tick)
+        per_window = counts.reshape(windows, -1).sum(axis=1)
+        np.testing.assert_allclose(per_window, 10.0 * 600.0)
+        mean = 10.0 * tick
+        assert counts.var() / mean == pytest.approx(dispersion, abs=0.05 + 0.15 * dispersion)
+    bursty = _rate_workload(np.full((1, windows), 10.0), np.full((1, windows), 1e9))  # capped at the count
+    counts = tick_arrivals(bursty, tick)
+    assert counts.max() <= 6000.0 + 1e-6  # never more than the window's requests
+    assert counts.max() > 0.5 * 6000.0  # but most of a window can land in one tick
+
+
+def test_thinning_makes_counts_less_dispersed():
+    """Counts with index of dispersion 40 (negative binomial), each request kept with p = 0.1: the kept
+    counts' dispersion is p x 40 + 1 - p, which `scaled_cv2` predicts."""
+    rng = np.random.default_rng(3)
+    mean, dispersion, p = 200.0, 40.0, 0.1
+    r = mean / (dispersion - 1.0)
+    counts = rng.negative_binomial(r, r / (r + mean), size=200000)
+    kept = rng.binomial(counts, p)
+    assert kept.var() / kept.mean() == pytest.approx(float(scaled_cv2(np.array([dispersion]), p)[0]), rel=0.03)
+    assert scaled_cv2(np.array([dispersion]), 3.0)[0] == dispersion  # copies keep the dispersion
+
+
+def test_rate_guard_drains_a_backlog_above_its_depth():
+    """A backlog above the sheddable depth: sheddable arrivals are rejected until it drains to the depth,
+    critical ones are always admitted, and the backlog falls (capacity exceeds the unguarded arrivals)."""
+    n = 4
+    workload = _rate_workload(np.full((1, n), 8.0), np.full((1, n), 1e-6), window=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)  # 10 req/s
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.backlog = 200.0
+    sim.serve(0.0, 15.0, cluster, {}, {"sheddable": 50, "standard": 400})
+    outcome = sim.outcome()
+    assert outcome["shed_by_class"]["sheddable"] == pytest.approx(1.0)  # above 50 the whole tick
+    assert outcome["shed_by_class"]["standard"] == 0.0 and outcome["shed_by_class"]["critical"] == 0.0
+    assert sim.backlog == pytest.approx(200.0 + (8.0 * 0.7 - 10.0) * 15.0)
+
+
+def test_rate_guard_reads_the_queue_once_per_probe():
+    """A burst inside one probe interval gets in (the probe read an empty queue); the next second the
+    guard rejects the guarded classes."""
+    workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, {"sheddable": 5, "standard": 5})
+    # second 1: all 100 admitted; then only critical (20/s) against 10/s of capacity
+    assert sim.backlog == pytest.approx(100.0 - 10.0 + 14 * (20.0 - 10.0))
+    assert sim.outcome()["shed_by_class"]["sheddable"] == pytest.approx(14 / 15)

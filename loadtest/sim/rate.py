@@ -2,22 +2,28 @@
 
 Per tick of length dt, with the window's rate lambda, squared inter-arrival CV ca2 and mean service S:
 - the tick's arrival count A is drawn once (seeded, so every policy sees the same traffic and the
-  clairvoyant knows it) as the sum over clients of a Gamma draw with mean lambda_i dt and variance
-  lambda_i dt ca2_i: the count spread of a renewal process with the client's CV (asymptotic method), never
-  negative. This is where the window's burstiness lives (a batchy client spikes by its own volume);
-  within a tick arrivals are taken as Poisson. The asymptotic variance holds for ticks much longer than
-  the clustering; at the extreme, all of a window's M requests in one tick, the index of dispersion is M,
-  so ca2_i is capped at M = lambda_i x window (ServeGen has clients with CV^2 in the hundreds of thousands:
-  a handful of requests sent at once);
+  clairvoyant knows it) as the sum over clients of their share of the window: each client's window count
+  (rate x window, as the trace states) is spread over the window's ticks with Dirichlet weights of
+  concentration lambda_i dt / ca2_i, so a tick's count has about the renewal variance lambda_i dt ca2_i
+  (the count spread of a renewal process with the client's CV) while no client ever sends more than the
+  trace says. This is where the window's burstiness lives (a batchy client spikes by its own volume);
+  within a tick arrivals are spread evenly. At the extreme, all of a window's M requests in one tick, the
+  index of dispersion is M, so ca2_i is capped at M (ServeGen has clients with CV^2 in the hundreds of
+  thousands: a handful of requests sent at once);
 - A is split by the priority mix, minus what is shed;
 - c = ready slots; a fluid backlog B grows by (lambda_admitted - c/S) dt when overloaded and drains
-  otherwise; a request's fluid wait is B / (c/S);
-- on top, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff relaxes towards the
-  stationary Erlang C(c, a) with the queue's relaxation time tau ~ S / (c (1 - sqrt(rho))^2) (first order,
-  carried across ticks): a queue near rho = 1 with minute-long requests needs far longer than one tick
+  otherwise; a request's fluid wait is B / (c/S). When the saturation guard could act, the tick runs in
+  steps of the admission endpoint's queue probe (1 s): a guarded class is admitted during a step only if
+  the backlog the probe read at its start is below the class's depth, so a burst inside one probe
+  interval gets in, and a backlog above the depth drains while the class is rejected;
+- with no fluid backlog, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff
+  relaxes towards the stationary Erlang C(c, a) with the queue's relaxation time
+  tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with minute-long requests needs far longer than one tick
   to build, so a tick does not jump to the stationary wait; held load reaches it;
-- SLO attainment of the tick's arrivals averages P(fluid + queueing wait <= SLO) over the tick.
-This costs O(1) per tick, so 14 days at 15-s ticks simulate in seconds.
+  (with a fluid backlog every slot is busy and the backlog is the queue: a request waits its drain);
+- SLO attainment of the tick's arrivals averages P(wait <= SLO) over the tick.
+This costs O(1) per tick (O(dt / probe) while the guard could act), so 14 days at 15-s ticks simulate
+in seconds.
 """
 
 from __future__ import annotations
@@ -37,23 +43,42 @@ _POINTS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
 def tick_arrivals(workload: RateWorkload, tick_s: float, seed: int = 5) -> np.ndarray:
-    """The arrival count of every tick, drawn once for all policies."""
+    """The arrival count of every tick, drawn once for all policies.
+
+    Each client's requests of a window (rate x window, as the trace states) are spread over the window's
+    ticks with Dirichlet weights of concentration mean / ca2 per tick: normalised Gamma draws, so a tick's
+    count has the renewal variance (about mean x ca2) while the window keeps exactly the trace's count. A
+    batchy client piles its window into a few ticks but never sends more than the trace says it did."""
     n = max(1, math.ceil(workload.span_s / tick_s))
     t = np.arange(n) * tick_s
     win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
+    ticks_in = np.bincount(win, minlength=len(workload.rate_per_s))
     rng = np.random.default_rng(seed)
     total = np.zeros(n)
     for rates, cv2s in zip(workload.client_rate_per_s, workload.client_cv2):
         mean = rates[win] * tick_s
-        cv2 = np.clip(cv2s[win], 1e-6, np.maximum(rates[win] * workload.window_s, 1.0))
-        draws = rng.gamma(np.maximum(mean, 1e-12) / cv2, cv2)
-        total += np.where(mean > 0, draws, 0.0)
+        if not mean.any():
+            continue
+        count = rates * ticks_in * tick_s  # the window's requests (ticks cover it whole but at the end)
+        cv2 = np.clip(cv2s[win], 1e-6, np.maximum(count[win], 1.0))
+        shape = np.maximum(mean, 1e-12) / cv2
+        # log Gamma(shape) = log Gamma(shape + 1) + log(U) / shape: no underflow for tiny shapes
+        logw = np.log(rng.gamma(shape + 1.0)) + np.log(rng.random(n)) / shape
+        peak = np.full(len(rates), -np.inf)
+        np.maximum.at(peak, win, logw)
+        weight = np.exp(logw - peak[win])
+        share = weight / np.bincount(win, weights=weight, minlength=len(rates))[win]
+        total += np.where(mean > 0, count[win] * share, 0.0)
     return total
 
 
 class RateSim:
-    def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5):
+    def __init__(
+        self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
+        probe_s: float = 1.0,
+    ):
         self.w = workload
+        self.probe_s = probe_s  # the admission endpoint's queue probe (autoscaler.signals.queueprobe)
         self.k = concurrency
         self.slo_s = slo_s
         self.tick_s = tick_s
@@ -105,33 +130,16 @@ class RateSim:
         by_class = arrivals * self.mix
         levels = np.array([shed.get(c, 0.0) for c in CLASSES])
         shed_now = by_class * levels
-        admitted_by_class = by_class - shed_now
-        admitted = float(admitted_by_class.sum())
+        offered_by_class = by_class - shed_now
         self.recent.append((end, by_class, arrivals * float(self.w.output_tokens[win])))
 
         slots = cluster.ready(start + dt / 2) * self.k
         mu = slots / service  # requests/s the ready slots complete
-        lam_adm = admitted / dt
-        offered = lam_adm * service
-        b0 = self.backlog
-        b1 = max(0.0, b0 + (lam_adm - mu) * dt)
-        # The saturation guard: while the backlog is past a class's depth, that class's arrivals are
-        # rejected, lowest depth first, until the backlog stays at that depth.
-        for depth, s in sorted((d, CLASSES.index(c)) for c, d in (guard or {}).items()):
-            if b1 <= depth:
-                break
-            extra = min(admitted_by_class[s], b1 - max(float(depth), b0))
-            if extra > 0:
-                admitted_by_class[s] -= extra
-                shed_now[s] += extra
-                admitted -= extra
-                b1 = max(0.0, b0 + (admitted / dt - mu) * dt)
-        lam_adm = admitted / dt
-        offered = lam_adm * service
-        if mu > 0:
-            w0, w1 = b0 / mu, b1 / mu
-        else:
-            w0 = w1 = math.inf
+        depth = np.array([float((guard or {}).get(c, math.inf)) for c in CLASSES])
+        admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
+        shed_now += rejected
+        admitted = float(admitted_by_class.sum())
+        offered = admitted / dt * service
         if slots > 0 and offered < slots:
             stationary = erlang_c(slots, offered)
             rho = offered / slots
@@ -143,17 +151,18 @@ class RateSim:
         else:
             c_wait, theta = 1.0, 0.0
             self.c_eff = 1.0
-        ok = 0.0
-        for p in _POINTS:
-            w = w0 + (w1 - w0) * p if math.isfinite(w1) else math.inf
-            if w <= self.slo_s:
-                ok += 1.0 - c_wait * math.exp(-theta * (self.slo_s - w)) if theta > 0 else 1.0
-        ok /= len(_POINTS)
+        met = np.zeros(len(CLASSES))
+        for amount, w in waits:
+            if w <= 0.0:
+                met += amount * (1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0)
+            elif w <= self.slo_s:
+                met += amount  # every slot is busy: the fluid backlog is the queue, a request waits its drain
+
         self.total += by_class
         self.shed += shed_now
-        self.met += admitted_by_class * ok
-        wmid = (w0 + w1) / 2 if math.isfinite(w1) else 1e6
-        self._mixture.append((admitted, wmid, c_wait, theta))
+        self.met += met
+        wmid = sum(float(a.sum()) * w for a, w in waits) / admitted if admitted > 0 else 0.0
+        self._mixture.append((admitted, min(wmid, 1e6), c_wait, theta))
 
         self.backlog = b1
         if offered < slots and slots > 0:
@@ -162,8 +171,40 @@ class RateSim:
         else:
             lq, stochastic_p99 = 0.0, 0.0
         in_flight = float(slots) if b1 > 0 else min(float(slots), offered)
-        p99 = min(w1 + stochastic_p99, 1e6) if math.isfinite(w1) else 1e6
+        p99 = min(b1 / mu + stochastic_p99, 1e6) if mu > 0 else 1e6
         self.last = (b1 + lq, in_flight, p99)
+
+    def _fluid(
+        self, offered: np.ndarray, mu: float, dt: float, depth: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, float]], float]:
+        """The fluid backlog over one tick: (admitted by class, rejected by class, [(admitted by class, fluid
+        wait)] per step, backlog at the end). Without a guard that could act, one linear step sampled at
+        `_POINTS`; with one, steps of `probe_s`, each admitting a guarded class only if the backlog the
+        probe read at its start is below the class's depth (so a backlog above the depth drains while the
+        class is rejected, as the admission endpoint does)."""
+        b0 = self.backlog
+        lam = float(offered.sum()) / dt
+        if not np.isfinite(depth).any() or (b0 <= 0 and lam <= mu):
+            b1 = max(0.0, b0 + (lam - mu) * dt)
+            if mu <= 0:
+                return offered, np.zeros_like(offered), [(offered, math.inf)], b1
+            waits = [(offered / len(_POINTS), (b0 + (b1 - b0) * p) / mu) for p in _POINTS]
+            return offered, np.zeros_like(offered), waits, b1
+        steps = max(1, round(dt / self.probe_s))
+        h = dt / steps
+        rate = offered / dt
+        admitted, rejected = np.zeros_like(offered), np.zeros_like(offered)
+        waits = []
+        b = b0
+        for _ in range(steps):
+            open_ = b < depth
+            step = np.where(open_, rate * h, 0.0)
+            rejected += np.where(open_, 0.0, rate * h)
+            nxt = max(0.0, b + float(step.sum()) - mu * h)
+            admitted += step
+            waits.append((step, (b + nxt) / 2 / mu if mu > 0 else math.inf))
+            b = nxt
+        return admitted, rejected, waits, b
 
     def finish(self, end: float) -> None:
         return None
