@@ -11,25 +11,36 @@ to the class with the largest priority not above it) or a class name. A missing 
 class; an unknown name too. The highest class is always admitted. Shed fractions are applied exactly, by
 error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
 not depend on chance. The saturation guard rejects a class while the queue is at least its depth; the
-queue comes from `live_queue` (in `autoscaler run`: the pods' queue gauge scraped every second, falling
-back to the latest tick's value when the probe does not know).
+queue comes from `live_queue` (in `autoscaler run`: the pods' queue and running gauges scraped every
+second, falling back to the latest tick's value when the probe does not know).
+
+A burst can arrive within one probe interval, so between readings the endpoint carries the probed queue
+forward with what it admitted itself: queue + max(0, admitted since the reading - free slots at the
+reading - drain x time since), the drain being the ready slots' completions per second (from the
+decision). Requests that fit in free slots or are served meanwhile do not count; the rest are queued.
 Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Callable
 
 from aiohttp import web
 
 from autoscaler.board import DecisionBoard
+from autoscaler.signals.queueprobe import QueueReading
+from policies import Decision
+from policies.stages.shedding import carried_queue
 
 
 class Admission:
     def __init__(self, board: DecisionBoard, *, priorities: dict[str, int], header: str, default_class: str,
-                 retry_after_s: int, live_queue: Callable[[], float | None] | None = None,
-                 on_result: Callable[[str, str], None] | None = None) -> None:
+                 retry_after_s: int, live_queue: Callable[[], QueueReading | float | None] | None = None,
+                 on_result: Callable[[str, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -38,7 +49,10 @@ class Admission:
         self.retry_after = str(retry_after_s)
         self.live_queue = live_queue or (lambda: board.latest.queue_depth if board.latest else None)
         self.on_result = on_result or (lambda cls, result: None)
+        self.clock = clock
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
+        # when requests were admitted since the latest reading (bounded, should the probe stop reading)
+        self._admitted_at: deque[float] = deque(maxlen=100_000)
         self._by_value = sorted((v, name) for name, v in priorities.items())
 
     def classify(self, raw: str | None) -> str:
@@ -57,13 +71,30 @@ class Admission:
                 chosen = name
         return chosen
 
+    def queue(self, decision: Decision) -> float | None:
+        """The queue now: the latest reading carried forward with this endpoint's own admissions."""
+        reading = self.live_queue()
+        if not isinstance(reading, QueueReading):
+            return reading  # a tick's value (or nothing): no carrying forward
+        while self._admitted_at and self._admitted_at[0] < reading.at:
+            self._admitted_at.popleft()  # in the reading already
+        return carried_queue(queue=reading.queue, in_flight=reading.in_flight, admitted=len(self._admitted_at),
+                             slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
+                             elapsed_s=self.clock() - reading.at)
+
     def decide(self, cls: str) -> str | None:
         """None to admit, or the reason to reject."""
+        reason = self._decide(cls)
+        if reason is None:
+            self._admitted_at.append(self.clock())
+        return reason
+
+    def _decide(self, cls: str) -> str | None:
         latest = self.board.latest
         if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
             return None
         depth = latest.decision.saturation_queue_depth.get(cls)
-        queue = self.live_queue()
+        queue = self.queue(latest.decision) if depth is not None else None
         if depth is not None and queue is not None and queue >= depth:
             return f"saturated: queue {queue:.0f} >= {depth} for {cls}"
         fraction = float(latest.decision.shed.get(cls, 0.0))

@@ -131,20 +131,21 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
     probe = None
     if settings.admission.enabled:
         from autoscaler.presets import SCRAPE
-        from autoscaler.signals.queueprobe import QueueProbe
+        from autoscaler.signals.queueprobe import QueueProbe, QueueReading
         from autoscaler.signals.scrape import KubePodEndpoints
 
         queue_metric = SCRAPE[settings.model_server].get("queue_depth")
         if settings.admission.queue_probe_interval_s is not None and queue_metric:
             pods = KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
                                     port=settings.scrape.port, path=settings.scrape.path)
-            probe = QueueProbe(session, pods, queue_metric, interval_s=settings.admission.queue_probe_interval_s)
+            probe = QueueProbe(session, pods, queue_metric, interval_s=settings.admission.queue_probe_interval_s,
+                               in_flight_metric=SCRAPE[settings.model_server].get("in_flight"))
 
-        def live_queue() -> float | None:
-            value = probe.current() if probe is not None else None
-            if value is None and board.latest is not None:
+        def live_queue() -> QueueReading | float | None:
+            reading = probe.reading() if probe is not None else None
+            if reading is None and board.latest is not None:
                 return board.latest.queue_depth
-            return value
+            return reading
 
         admission = Admission(
             board, priorities=settings.policy.priorities, header=settings.admission.priority_header,

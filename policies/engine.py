@@ -122,6 +122,8 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         warm_slots=warm,
         shed=shed,
         saturation_queue_depth=saturation_depths(spec, cluster.ready_replicas, service_s),
+        saturation_slots=cluster.ready_replicas * spec.replica_concurrency,
+        saturation_drain_per_s=round(cluster.ready_replicas * spec.replica_concurrency / service_s, 3),
         forecast_rate_per_s=predicted[0] if predicted else None,
         forecast_upper_rate_per_s=predicted[1] if predicted else None,
         lead_time_s=lead,

@@ -139,6 +139,10 @@ class Decision:
     # Saturation guard for the admission endpoint, per priority name: while the live queue is at least this
     # deep, requests of that priority are rejected. Acts per request, between ticks; never for the highest.
     saturation_queue_depth: Mapping[str, int] = field(default_factory=dict)
+    # What the guard's queue reading is carried forward with between probe readings: the ready slots and
+    # the requests/s they complete (slots / mean service time).
+    saturation_slots: int = 0
+    saturation_drain_per_s: float = 0.0
     forecast_rate_per_s: float | None = None
     forecast_upper_rate_per_s: float | None = None
     lead_time_s: float | None = None

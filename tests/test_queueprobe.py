@@ -51,3 +51,45 @@ def test_probe_sums_pods_drives_the_guard_and_never_reports_partial_sums():
     assert verdicts["sheddable"] is not None and "saturated" in verdicts["sheddable"]
     assert verdicts["standard"] is None and verdicts["critical"] is None
     assert kept == 55 and stale is None
+
+
+def test_between_readings_the_guard_counts_its_own_admissions():
+    """A burst inside one probe interval: the reading (no queue, 6 of 8 slots running) is carried forward
+    with what the endpoint admitted since, less the 2 free slots and the drain (4 req/s), so the guard
+    trips mid-burst instead of at the next reading; time drains it; a new reading starts afresh."""
+    with fake_model_server() as server:
+        post_json(f"{server}/admin/state", {"waiting": 0, "running": 6})
+        now = [100.0]
+
+        async def go():
+            board = DecisionBoard()
+            decision = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6},
+                                saturation_slots=8, saturation_drain_per_s=4.0)
+            await board.publish(Published(decision, 1, 0.0, 0.0))
+            async with aiohttp.ClientSession() as session:
+                probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
+                                   in_flight_metric="vllm:num_requests_running", clock=lambda: now[0])
+                await probe.sample_once()
+                reading = probe.reading()
+                admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p",
+                                      default_class="standard", retry_after_s=1, live_queue=probe.reading,
+                                      clock=lambda: now[0])
+                burst = [admission.decide("sheddable") for _ in range(8)]
+                critical = admission.decide("critical")
+                standard = admission.decide("standard")
+                now[0] += 1.0  # 4 served meanwhile
+                after = admission.decide("sheddable")
+                post_json(f"{server}/admin/state", {"waiting": 9, "running": 8})
+                now[0] += 0.1
+                await probe.sample_once()
+                fresh = admission.queue(decision)
+                return reading, burst, critical, standard, after, fresh
+
+        reading, burst, critical, standard, after, fresh = asyncio.run(go())
+    assert reading.queue == 0 and reading.in_flight == 6
+    # 2 go to free slots, 3 queue: the sixth request sees a queue of 3 and is rejected
+    assert [b is None for b in burst] == [True] * 5 + [False] * 3
+    assert "saturated: queue 3" in burst[5]
+    assert critical is None and standard is None  # queue 3 (then 4) is below 6
+    assert after is None  # 7 admitted - 2 free - 4 served = queue 1
+    assert fresh == 9  # the new reading replaces the count

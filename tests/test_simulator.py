@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from loadtest.sim.cluster import ClusterModel, SimCluster
+from loadtest.sim.guard import Guard
 from loadtest.sim.rate import RateSim, tick_arrivals
 from loadtest.sim.request import RequestSim
 from loadtest.workload import RateWorkload, RequestWorkload, scaled_cv2
@@ -106,7 +107,7 @@ def test_shedding_and_guard_reject_only_what_they_should():
     sim = RequestSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
     t = 0.0
     while t < 300.0:
-        sim.serve(t, t + 15.0, cluster, {"sheddable": 0.5}, {"sheddable": 5, "standard": 10})
+        sim.serve(t, t + 15.0, cluster, {"sheddable": 0.5}, Guard({"sheddable": 5, "standard": 10}, 10, 10.0))
         t += 15.0
     sim.finish(300.0)
     outcome = sim.outcome()
@@ -163,20 +164,54 @@ def test_rate_guard_drains_a_backlog_above_its_depth():
     cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)  # 10 req/s
     sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
     sim.backlog = 200.0
-    sim.serve(0.0, 15.0, cluster, {}, {"sheddable": 50, "standard": 400})
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 50, "standard": 400}, 10, 10.0))
     outcome = sim.outcome()
     assert outcome["shed_by_class"]["sheddable"] == pytest.approx(1.0)  # above 50 the whole tick
     assert outcome["shed_by_class"]["standard"] == 0.0 and outcome["shed_by_class"]["critical"] == 0.0
     assert sim.backlog == pytest.approx(200.0 + (8.0 * 0.7 - 10.0) * 15.0)
 
 
-def test_rate_guard_reads_the_queue_once_per_probe():
-    """A burst inside one probe interval gets in (the probe read an empty queue); the next second the
-    guard rejects the guarded classes."""
+def test_rate_guard_holds_the_backlog_at_the_depths():
+    """100 req/s (20 critical, 50 standard, 30 sheddable) against 60 req/s: the backlog rises to the
+    sheddable depth (5), then, sheddable rejected, to the standard depth (10), where just enough standard
+    is admitted to hold it (40 of 50 req/s). Critical is always admitted and waits 10/60 s."""
+    workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=60, now=0.0)
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 10}, 60, 60.0))
+    outcome = sim.outcome()
+    assert sim.backlog == pytest.approx(10.0)
+    assert outcome["shed_by_class"]["sheddable"] == pytest.approx((15.0 - 5 / 40) / 15.0)
+    assert outcome["shed_by_class"]["standard"] == pytest.approx(0.2 * (15.0 - 5 / 40 - 5 / 10) / 15.0)
+    assert outcome["shed_by_class"]["critical"] == 0.0
+    assert outcome["slo_attainment"]["critical"] == pytest.approx(1.0)
+
+
+def test_rate_guard_cannot_hold_what_critical_alone_overloads():
+    """Critical alone (20 req/s) above capacity (10 req/s): the guarded classes are rejected past their
+    depth and the backlog keeps growing with the critical excess."""
     workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
     cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
     sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
-    sim.serve(0.0, 15.0, cluster, {}, {"sheddable": 5, "standard": 5})
-    # second 1: all 100 admitted; then only critical (20/s) against 10/s of capacity
-    assert sim.backlog == pytest.approx(100.0 - 10.0 + 14 * (20.0 - 10.0))
-    assert sim.outcome()["shed_by_class"]["sheddable"] == pytest.approx(14 / 15)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 5}, 10, 10.0))
+    assert sim.backlog == pytest.approx(5.0 + 10.0 * (15.0 - 5 / 90))
+    assert sim.outcome()["shed_by_class"]["sheddable"] == pytest.approx((15.0 - 5 / 90) / 15.0)
+
+
+def test_request_guard_carries_the_reading_through_a_burst():
+    """300 requests within 0.1 s on 10 idle 1-s slots, probe read at the first of them (empty): the guard
+    still stops the guarded classes after 10 (free slots) + their depth, as the admission endpoint does,
+    instead of admitting the whole burst until the next reading."""
+    n = 300
+    arrivals = 0.1 + np.arange(n) * (0.1 / n)
+    workload = RequestWorkload(
+        name="burst", scale=1.0, arrival_s=arrivals, service_s=np.ones(n), output_tokens=np.ones(n),
+        priority=(np.arange(n) % 3).astype(np.int8), uniform=np.ones(n), span_s=15.0,
+    )
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RequestSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 10}, 10, 10.0))
+    admitted = ~sim.shed
+    assert admitted[workload.priority == 0].all()  # critical
+    assert admitted[workload.priority != 0].sum() <= 10 + 10
+    assert admitted.sum() < 10 + 10 + 100 + 5

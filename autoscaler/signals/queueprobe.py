@@ -1,16 +1,18 @@
 """The live queue depth for the admission endpoint's saturation guard.
 
 The loop reads the queue once per tick (15 s), too coarse for a burst that builds a queue in seconds. This
-probe scrapes the model pods' queue gauge every `interval_s` (1 s; a /metrics read is cheap) and sums it.
-If any pod cannot be read, or the last good reading is older than three intervals, the probe says it does
-not know (None) rather than report a partial sum, and the admission endpoint falls back to the tick's
-value. The pod list is refreshed every `refresh_s`.
+probe scrapes the model pods' queue gauge (and, when the server has one, the running-requests gauge, from
+the same read) every `interval_s` (1 s; a /metrics read is cheap) and sums them over pods. If any pod
+cannot be read, or the last good reading is older than three intervals, the probe says it does not know
+(None) rather than report a partial sum, and the admission endpoint falls back to the tick's value. The
+pod list is refreshed every `refresh_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import aiohttp
@@ -19,23 +21,33 @@ from autoscaler.errors import EdgeError
 from autoscaler.signals.scrape import PodEndpoints, fetch_metrics
 
 
+@dataclass(frozen=True)
+class QueueReading:
+    queue: float  # waiting requests, all pods
+    in_flight: float | None  # running requests, all pods (None: the server exports no such gauge)
+    at: float  # when it was read, on the probe's clock
+
+
 class QueueProbe:
     def __init__(self, session: aiohttp.ClientSession, pods: PodEndpoints, metric: str, *, interval_s: float = 1.0,
-                 timeout_s: float = 0.5, refresh_s: float = 15.0,
+                 timeout_s: float = 0.5, refresh_s: float = 15.0, in_flight_metric: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.session, self.pods, self.metric = session, pods, metric
+        self.session, self.pods, self.metric, self.in_flight_metric = session, pods, metric, in_flight_metric
         self.interval, self.refresh = interval_s, refresh_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.clock = clock
-        self._value: float | None = None
-        self._at: float | None = None
+        self._reading: QueueReading | None = None
         self._endpoints: dict[str, str] = {}
         self._endpoints_at: float | None = None
 
-    def current(self) -> float | None:
-        if self._at is None or self.clock() - self._at > 3 * self.interval:
+    def reading(self) -> QueueReading | None:
+        if self._reading is None or self.clock() - self._reading.at > 3 * self.interval:
             return None
-        return self._value
+        return self._reading
+
+    def current(self) -> float | None:
+        reading = self.reading()
+        return reading.queue if reading is not None else None
 
     async def sample_once(self) -> None:
         now = self.clock()
@@ -51,6 +63,7 @@ class QueueProbe:
         readings = await asyncio.gather(*(fetch_metrics(self.session, u, self.timeout) for u in urls),
                                         return_exceptions=True)
         total = 0.0
+        running: float | None = 0.0 if self.in_flight_metric else None
         for reading in readings:
             if isinstance(reading, asyncio.CancelledError):
                 raise reading
@@ -58,7 +71,10 @@ class QueueProbe:
                 self._endpoints_at = None  # re-list next time: a pod may have gone
                 return  # unknown: no partial sums
             total += reading[self.metric]
-        self._value, self._at = total, self.clock()
+            if running is not None:
+                value = reading.get(self.in_flight_metric)
+                running = running + value if value is not None else None  # a pod without it: unknown
+        self._reading = QueueReading(total, running, self.clock())
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

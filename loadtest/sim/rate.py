@@ -12,18 +12,16 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
   thousands: a handful of requests sent at once);
 - A is split by the priority mix, minus what is shed;
 - c = ready slots; a fluid backlog B grows by (lambda_admitted - c/S) dt when overloaded and drains
-  otherwise; a request's fluid wait is B / (c/S). When the saturation guard could act, the tick runs in
-  steps of the admission endpoint's queue probe (1 s): a guarded class is admitted during a step only if
-  the backlog the probe read at its start is below the class's depth, so a burst inside one probe
-  interval gets in, and a backlog above the depth drains while the class is rejected;
+  otherwise; a request's fluid wait is B / (c/S). The saturation guard rejects a guarded class while B
+  is above the class's depth (the admission endpoint's probe reading carried forward with its own
+  admissions is B in the fluid), so a backlog above the depth drains while the class is rejected;
 - with no fluid backlog, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff
   relaxes towards the stationary Erlang C(c, a) with the queue's relaxation time
   tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with minute-long requests needs far longer than one tick
   to build, so a tick does not jump to the stationary wait; held load reaches it;
   (with a fluid backlog every slot is busy and the backlog is the queue: a request waits its drain);
 - SLO attainment of the tick's arrivals averages P(wait <= SLO) over the tick.
-This costs O(1) per tick (O(dt / probe) while the guard could act), so 14 days at 15-s ticks simulate
-in seconds.
+This costs O(1) per tick, so 14 days at 15-s ticks simulate in seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from collections import deque
 import numpy as np
 
 from loadtest.sim.cluster import SimCluster
+from loadtest.sim.guard import Guard
 from loadtest.workload import CLASSES, RateWorkload
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
@@ -75,10 +74,8 @@ def tick_arrivals(workload: RateWorkload, tick_s: float, seed: int = 5) -> np.nd
 class RateSim:
     def __init__(
         self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
-        probe_s: float = 1.0,
     ):
         self.w = workload
-        self.probe_s = probe_s  # the admission endpoint's queue probe (autoscaler.signals.queueprobe)
         self.k = concurrency
         self.slo_s = slo_s
         self.tick_s = tick_s
@@ -121,7 +118,7 @@ class RateSim:
         )
 
     def serve(
-        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: dict[str, int] | None = None
+        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: Guard | None = None
     ) -> None:
         dt = end - start
         win = self._window(start)
@@ -135,7 +132,7 @@ class RateSim:
 
         slots = cluster.ready(start + dt / 2) * self.k
         mu = slots / service  # requests/s the ready slots complete
-        depth = np.array([float((guard or {}).get(c, math.inf)) for c in CLASSES])
+        depth = np.array((guard or Guard()).depths())
         admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
         shed_now += rejected
         admitted = float(admitted_by_class.sum())
@@ -178,33 +175,47 @@ class RateSim:
         self, offered: np.ndarray, mu: float, dt: float, depth: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, float]], float]:
         """The fluid backlog over one tick: (admitted by class, rejected by class, [(admitted by class, fluid
-        wait)] per step, backlog at the end). Without a guard that could act, one linear step sampled at
-        `_POINTS`; with one, steps of `probe_s`, each admitting a guarded class only if the backlog the
-        probe read at its start is below the class's depth (so a backlog above the depth drains while the
-        class is rejected, as the admission endpoint does)."""
-        b0 = self.backlog
-        lam = float(offered.sum()) / dt
-        if not np.isfinite(depth).any() or (b0 <= 0 and lam <= mu):
-            b1 = max(0.0, b0 + (lam - mu) * dt)
-            if mu <= 0:
-                return offered, np.zeros_like(offered), [(offered, math.inf)], b1
-            waits = [(offered / len(_POINTS), (b0 + (b1 - b0) * p) / mu) for p in _POINTS]
-            return offered, np.zeros_like(offered), waits, b1
-        steps = max(1, round(dt / self.probe_s))
-        h = dt / steps
+        wait)], backlog at the end). The admission endpoint carries each probe reading forward with its
+        own admissions, free slots and drain, which in the fluid is the backlog itself: a guarded class is
+        admitted while the backlog is below its depth, rejected above it, and at its depth just enough of
+        it is admitted to hold the backlog there. Piecewise linear: at most a few segments per tick."""
+        b = self.backlog
         rate = offered / dt
-        admitted, rejected = np.zeros_like(offered), np.zeros_like(offered)
-        waits = []
-        b = b0
-        for _ in range(steps):
-            open_ = b < depth
-            step = np.where(open_, rate * h, 0.0)
-            rejected += np.where(open_, 0.0, rate * h)
-            nxt = max(0.0, b + float(step.sum()) - mu * h)
+        zero = np.zeros_like(offered)
+        if not np.isfinite(depth).any() or (b <= 0 and float(rate.sum()) <= mu):
+            b1 = max(0.0, b + (float(rate.sum()) - mu) * dt)
+            if mu <= 0:
+                return offered, zero, [(offered, math.inf)], b1
+            return offered, zero, [(offered / len(_POINTS), (b + (b1 - b) * p) / mu) for p in _POINTS], b1
+        levels = sorted({float(d) for d in depth if math.isfinite(d)} | {0.0})
+        admitted, waits, left = zero.copy(), [], dt
+        for _ in range(2 * len(levels) + 4):  # each segment ends at a depth, or the tick ends
+            if left <= 1e-9:
+                break
+            below, at = depth > b + 1e-9, np.abs(depth - b) <= 1e-9
+            r_below, r_at = float(rate[below].sum()), float(rate[at].sum())
+            if mu > 0 and r_at > 0 and r_below <= mu <= r_below + r_at:  # held at a depth
+                share = np.where(below, 1.0, np.where(at, (mu - r_below) / r_at, 0.0))
+                step = rate * share * left
+                admitted += step
+                waits.append((step, b / mu))
+                break
+            share = np.where(below | (at & (r_below + r_at < mu)), 1.0, 0.0)
+            slope = float((rate * share).sum()) - mu
+            if slope > 0:
+                target = min((d for d in levels if d > b + 1e-9), default=math.inf)
+            elif slope < 0:
+                target = max((d for d in levels if d < b - 1e-9), default=b)
+            else:
+                target = b
+            span = left if target == b else min(left, (target - b) / slope)
+            end = target if span < left else max(0.0, b + slope * span)
+            step = rate * share * span
             admitted += step
-            waits.append((step, (b + nxt) / 2 / mu if mu > 0 else math.inf))
-            b = nxt
-        return admitted, rejected, waits, b
+            for p in _POINTS:
+                waits.append((step / len(_POINTS), (b + (end - b) * p) / mu if mu > 0 else math.inf))
+            b, left = end, left - span
+        return admitted, offered - admitted, waits, b
 
     def finish(self, end: float) -> None:
         return None

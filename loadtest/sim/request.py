@@ -6,7 +6,8 @@ a request of class c is shed when its fixed U(0,1) draw is below the shed level 
 with exponential service times and a fixed replica count this is exactly M/M/c, which the tests check
 against Erlang C.
 
-The saturation guard sees the queue as the admission endpoint does: sampled every `probe_s` (1 s).
+The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
+busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
 
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
@@ -22,7 +23,9 @@ from collections import deque
 import numpy as np
 
 from loadtest.sim.cluster import SimCluster
+from loadtest.sim.guard import Guard
 from loadtest.workload import CLASSES, RequestWorkload
+from policies.stages.shedding import carried_queue
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
@@ -37,7 +40,8 @@ class RequestSim:
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
         # (autoscaler.signals.queueprobe), not the instantaneous queue.
         self.probe_s = probe_s
-        self._probed = 0
+        self._probed = (0, 0, 0.0)  # queue, busy slots, when
+        self._since = 0  # admitted since that reading
         self._next_probe = 0.0
         self.k = concurrency
         self.slo_s = slo_s
@@ -93,16 +97,17 @@ class RequestSim:
 
     # -- serving ---------------------------------------------------------------------------------------------
     def serve(
-        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: dict[str, int] | None = None
+        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: Guard | None = None
     ) -> None:
-        """Serve [start, end). `guard`: per class, while the queue is at least that deep, arrivals of the
-        class are rejected (the admission endpoint's saturation guard)."""
+        """Serve [start, end). `guard`: per class, while the queue the admission endpoint sees is at least
+        that deep, arrivals of the class are rejected (the saturation guard)."""
         arr, svc, prio, u = self._arr, self._svc, self._prio, self._u
         wait, shed_out = self.wait, self.shed
         heap, queue = self._heap, self._queue
         levels = [float(shed.get(c, 0.0)) for c in CLASSES]
         any_shed = any(levels)
-        depth = [float((guard or {}).get(c, INF)) for c in CLASSES]
+        guard = guard or Guard()
+        depth = guard.depths()
         k = self.k
         cap = cluster.ready(start) * k
         ready_events = deque(sorted(cluster.ready_times_between(start, end)))
@@ -135,11 +140,19 @@ class RequestSim:
                 j = i
                 i += 1
                 if t >= self._next_probe:
-                    self._probed = len(queue)
+                    self._probed, self._since = (len(queue), busy, t), 0
                     self._next_probe = (t // self.probe_s + 1) * self.probe_s
-                if (any_shed and u[j] < levels[prio[j]]) or self._probed >= depth[prio[j]]:
+                if any_shed and u[j] < levels[prio[j]]:
                     shed_out[j] = True
                     continue
+                if depth[prio[j]] < INF:
+                    seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
+                                         slots=guard.slots, drain_per_s=guard.drain_per_s,
+                                         elapsed_s=t - self._probed[2])
+                    if seen >= depth[prio[j]]:
+                        shed_out[j] = True
+                        continue
+                self._since += 1
                 if busy < cap and not queue:
                     wait[j] = 0.0
                     heapq.heappush(heap, t + svc[j])

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from loadtest.sim.cluster import ClusterModel, Costs, SimCluster
+from loadtest.sim.guard import Guard
 from loadtest.sim.rate import RateSim, tick_arrivals
 from loadtest.sim.request import RequestSim
 from loadtest.workload import CLASSES, RateWorkload, RequestWorkload, ServerModel
@@ -134,7 +135,7 @@ def run(
     cluster.scaling_actions = 0
     state = policy.state
     shed: dict[str, float] = {}
-    guard: dict[str, int] = {}
+    guard = Guard()
     decide_s: list[float] = []
     refit: list[bool] = []
     timeline: list[dict] = []
@@ -151,7 +152,7 @@ def run(
             cluster.scale_to(decision.replicas)
             cluster.warm_to(decision.warm_slots)
             shed = dict(decision.shed)
-            guard = dict(decision.saturation_queue_depth)
+            guard = Guard.of(decision)
         if keep_timeline:
             timeline.append(
                 {

@@ -1,0 +1,25 @@
+"""The admission endpoint's saturation guard as the simulators apply it, from one decision."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from loadtest.workload import CLASSES
+from policies.types import Decision
+
+
+@dataclass(frozen=True)
+class Guard:
+    depth: Mapping[str, int] = field(default_factory=dict)  # per class: rejected while the queue is this deep
+    slots: int = 0  # ready slots, and the requests/s they complete: how the endpoint carries a reading
+    drain_per_s: float = 0.0
+
+    @classmethod
+    def of(cls, decision: Decision) -> "Guard":
+        return cls(dict(decision.saturation_queue_depth), decision.saturation_slots, decision.saturation_drain_per_s)
+
+    def depths(self) -> list[float]:
+        """Per class index; infinite for a class never guarded."""
+        return [float(self.depth.get(c, math.inf)) for c in CLASSES]
