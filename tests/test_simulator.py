@@ -5,7 +5,7 @@ import pytest
 
 from loadtest.sim.cluster import ClusterModel, SimCluster
 from loadtest.sim.guard import Guard
-from loadtest.sim.rate import RateSim, tick_arrivals
+from loadtest.sim.rate import RateSim, _guarded_tail, tick_arrivals
 from loadtest.sim.request import RequestSim
 from loadtest.workload import RateWorkload, RequestWorkload, scaled_cv2
 from policies.queueing import erlang_c, mean_wait
@@ -215,3 +215,20 @@ def test_request_guard_carries_the_reading_through_a_burst():
     assert admitted[workload.priority == 0].all()  # critical
     assert admitted[workload.priority != 0].sum() <= 10 + 10
     assert admitted.sum() < 10 + 10 + 100 + 5
+
+
+def test_guarded_tail_is_the_birth_death_chain_of_the_guard():
+    """M/M/c (10 slots, 1-s service, 9 req/s: 2 critical, 4 standard guarded at 8, 3 sheddable at 4): the
+    closed form equals the stationary distribution of the chain solved numerically; without depths it is
+    Erlang C's geometric tail."""
+    c, rates, depth = 10, np.array([2.0, 4.0, 3.0]), np.array([np.inf, 8.0, 4.0])
+    n_max = 400
+    birth = np.array([rates[max(0, n - c) < depth].sum() for n in range(n_max)])
+    death = np.minimum(np.arange(1, n_max + 1), c).astype(float)
+    weights = np.concatenate([[1.0], np.cumprod(birth / death)])
+    pi = weights / weights.sum()
+    tail = _guarded_tail(c_eff=erlang_c(c, 9.0), rho=0.9, rates=rates, depth=depth)
+    for q in (0, 3, 4, 6, 8, 12):
+        assert tail(q) == pytest.approx(pi[c + q:].sum(), rel=1e-9)
+    plain = _guarded_tail(c_eff=erlang_c(c, 9.0), rho=0.9, rates=rates, depth=np.full(3, np.inf))
+    assert plain(0) == pytest.approx(erlang_c(c, 9.0)) and plain(5) == pytest.approx(erlang_c(c, 9.0) * 0.9**5)

@@ -71,6 +71,54 @@ def tick_arrivals(workload: RateWorkload, tick_s: float, seed: int = 5) -> np.nd
     return total
 
 
+def _guarded_tail(*, c_eff: float, rho: float, rates: np.ndarray, depth: np.ndarray):
+    """P(queue >= q) seen by an arrival in M/M/c whose arrival rate drops at each guard depth (a
+    birth-death chain: the queue's ratio is rho below the first depth, then the share of the load still
+    admitted). `c_eff` is the unguarded chain's probability of waiting, which fixes the weight of the
+    no-queue states; the guarded chain puts less mass on long queues, so its own probability of waiting
+    is smaller. Returns q -> P(Q >= q)."""
+    total = float(rates.sum())
+    order = sorted(float(d) for d in set(depth[np.isfinite(depth)].tolist()))
+    bounds = [0.0] + order
+    ratios = [rho * float(rates[depth > d].sum()) / total if total > 0 else 0.0 for d in bounds]
+    logs = [math.log(max(r, 1e-300)) for r in ratios]
+    start = [0.0]  # log of the chain's weight at each bound
+    mass = 0.0  # sum of the weights of every queue length (G)
+    for i, lo in enumerate(bounds):
+        hi = bounds[i + 1] if i + 1 < len(bounds) else math.inf
+        r = ratios[i]
+        span = hi - lo
+        segment = (1.0 - r**span) / (1.0 - r) if math.isfinite(span) else 1.0 / (1.0 - r)
+        mass += math.exp(start[-1]) * segment
+        if math.isfinite(hi):
+            start.append(start[-1] + span * logs[i])
+    k = c_eff * (1.0 - rho) / (1.0 - c_eff) if c_eff < 1.0 else math.inf
+    scale = k / (1.0 + k * mass) if math.isfinite(k) else 1.0 / mass
+
+    def tail(q: float) -> float:
+        i = max(j for j, lo in enumerate(bounds) if lo <= q)
+        weight = math.exp(start[i] + (q - bounds[i]) * logs[i])
+        r = ratios[i]
+        rest = weight / (1.0 - r)  # the geometric tail from q, were the ratio to hold...
+        if i + 1 < len(bounds):  # ...up to the next depth, then the chain's weights beyond it
+            hi = bounds[i + 1]
+            rest = weight * (1.0 - r ** (hi - q)) / (1.0 - r) + _beyond(start, ratios, bounds, i + 1)
+        return min(1.0, scale * rest)
+
+    return tail
+
+
+def _beyond(start: list[float], ratios: list[float], bounds: list[float], i: int) -> float:
+    """The chain's weight of every queue length from bounds[i] on."""
+    total = 0.0
+    for j in range(i, len(bounds)):
+        hi = bounds[j + 1] if j + 1 < len(bounds) else math.inf
+        r = ratios[j]
+        segment = (1.0 - r ** (hi - bounds[j])) / (1.0 - r) if math.isfinite(hi) else 1.0 / (1.0 - r)
+        total += math.exp(start[j]) * segment
+    return total
+
+
 class RateSim:
     def __init__(
         self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
@@ -148,10 +196,28 @@ class RateSim:
         else:
             c_wait, theta = 1.0, 0.0
             self.c_eff = 1.0
+        # Without a fluid backlog: the M/M/c tail, or with guard depths below the SLO's queue, the tail of
+        # the guarded chain: a guarded class is rejected while the queue is at its depth (shed), admitted
+        # ones wait less than that; the highest class misses when the queue is past the SLO's.
+        no_backlog = 1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0
+        guarded = np.isfinite(depth) & (depth < self.slo_s * mu)
+        if theta > 0 and guarded.any():
+            rates = offered_by_class / dt
+            tail = _guarded_tail(c_eff=c_wait, rho=offered / slots, rates=rates, depth=np.where(guarded, depth, np.inf))
+            reject = np.where(guarded, [tail(d) for d in depth], 0.0)
+            # the queue ahead drains at random: the unguarded chain's P(Q >= q) = C rho^q matches
+            # P(W > SLO) = C exp(-theta SLO) at q = theta SLO / -ln(rho)
+            rho = offered / slots
+            q_slo = theta * self.slo_s / -math.log(rho) if 0.0 < rho < 1.0 else 0.0
+            no_backlog = np.where(guarded, 1.0 - reject, 1.0 - tail(q_slo))
+        else:
+            reject = np.zeros(len(CLASSES))
         met = np.zeros(len(CLASSES))
         for amount, w in waits:
             if w <= 0.0:
-                met += amount * (1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0)
+                met += amount * no_backlog
+                shed_now += amount * reject
+                admitted -= float((amount * reject).sum())
             elif w <= self.slo_s:
                 met += amount  # every slot is busy: the fluid backlog is the queue, a request waits its drain
 
