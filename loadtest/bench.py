@@ -102,6 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--node-provisioning-s", type=float, default=300.0)
     p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once")
     p.add_argument("--priority-mix", default="0.2,0.5,0.3", help="critical,standard,sheddable shares")
+    p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals")
     p.add_argument("--policies", default=",".join(policyset.NAMES))
     p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON document")
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     config = SimConfig(
         tick_s=args.tick_s,
         slo_s=args.slo_s,
+        arrival_seed=args.seed,
         cluster=ClusterModel(startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s),
         server=server,
     )

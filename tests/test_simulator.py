@@ -232,3 +232,10 @@ def test_guarded_tail_is_the_birth_death_chain_of_the_guard():
         assert tail(q) == pytest.approx(pi[c + q:].sum(), rel=1e-9)
     plain = _guarded_tail(c_eff=erlang_c(c, 9.0), rho=0.9, rates=rates, depth=np.full(3, np.inf))
     assert plain(0) == pytest.approx(erlang_c(c, 9.0)) and plain(5) == pytest.approx(erlang_c(c, 9.0) * 0.9**5)
+
+
+def test_arrival_seed_moves_the_draws_not_the_window_counts():
+    workload = _rate_workload(np.full((2, 20), 5.0), np.full((2, 20), 30.0))
+    a, b = tick_arrivals(workload, 15.0, seed=5), tick_arrivals(workload, 15.0, seed=6)
+    assert not np.allclose(a, b)
+    np.testing.assert_allclose(a.reshape(20, -1).sum(axis=1), b.reshape(20, -1).sum(axis=1))

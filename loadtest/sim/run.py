@@ -38,6 +38,7 @@ class SimConfig:
     tick_s: float = 15.0
     slo_s: float = 2.0
     miss_ratio: float = 0.001
+    arrival_seed: int = 5  # rate traces: the per-tick draw of each client's arrivals
     cluster: ClusterModel = field(default_factory=ClusterModel)
     server: ServerModel = field(default_factory=ServerModel)
 
@@ -103,7 +104,8 @@ def needed_replicas(workload: RequestWorkload | RateWorkload, config: SimConfig)
     else:
         t = np.arange(n) * config.tick_s
         win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
-        rates, services = tick_arrivals(workload, config.tick_s) / config.tick_s, workload.service_s[win]
+        arrivals = tick_arrivals(workload, config.tick_s, config.arrival_seed)
+        rates, services = arrivals / config.tick_s, workload.service_s[win]
         waits = np.full(n, config.slo_s)
     need = np.empty(n, dtype=int)
     cache: dict[tuple, int] = {}
@@ -130,7 +132,7 @@ def run(
     if isinstance(workload, RequestWorkload):
         sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s)
     else:
-        sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s)
+        sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed)
     cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
     cluster.scaling_actions = 0
     state = policy.state
