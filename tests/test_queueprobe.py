@@ -33,18 +33,18 @@ def test_probe_sums_pods_drives_the_guard_and_never_reports_partial_sums():
             await board.publish(Published(decision, 4, 0.0, 0.0))
             async with aiohttp.ClientSession() as session:
                 probe = QueueProbe(session, pods, "vllm:num_requests_waiting", interval_s=0.2)
-                unknown = probe.current()
+                unknown = probe.reading()
                 await probe.sample_once()
-                total = probe.current()
+                total = probe.reading().queue
                 admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p", default_class="standard",
-                                      retry_after_s=1, live_queue=probe.current)
+                                      retry_after_s=1, live_queue=probe.reading)
                 verdicts = {c: admission.decide(c) for c in PRIORITY_CLASSES}
                 pods.pods["dead"] = f"http://127.0.0.1:{free_port()}/metrics"
                 probe._endpoints_at = None
                 await probe.sample_once()  # one pod unreadable: no partial sum is published
-                kept = probe.current()
+                kept = probe.reading().queue
                 await asyncio.sleep(0.7)  # three intervals on, the last good reading is too old to use
-                return unknown, total, verdicts, kept, probe.current()
+                return unknown, total, verdicts, kept, probe.reading()
 
         unknown, total, verdicts, kept, stale = asyncio.run(go())
     assert unknown is None and total == 55

@@ -45,10 +45,6 @@ class QueueProbe:
             return None
         return self._reading
 
-    def current(self) -> float | None:
-        reading = self.reading()
-        return reading.queue if reading is not None else None
-
     async def sample_once(self) -> None:
         now = self.clock()
         if self._endpoints_at is None or now - self._endpoints_at >= self.refresh:

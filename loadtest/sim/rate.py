@@ -17,8 +17,9 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
   admissions is B in the fluid), so a backlog above the depth drains while the class is rejected;
 - with no fluid backlog, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff
   relaxes towards the stationary Erlang C(c, a) with the queue's relaxation time
-  tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with minute-long requests needs far longer than one tick
-  to build, so a tick does not jump to the stationary wait; held load reaches it;
+  tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with
+  minute-long requests needs far longer than one tick to build, so a tick does not jump to the
+  stationary wait; held load reaches it; with guard depths the guarded chain replaces M/M/c;
   (with a fluid backlog every slot is busy and the backlog is the queue: a request waits its drain);
 - SLO attainment of the tick's arrivals averages P(wait <= SLO) over the tick.
 This costs O(1) per tick, so 14 days at 15-s ticks simulate in seconds.
@@ -83,15 +84,9 @@ def _guarded_tail(*, c_eff: float, rho: float, rates: np.ndarray, depth: np.ndar
     ratios = [rho * float(rates[depth > d].sum()) / total if total > 0 else 0.0 for d in bounds]
     logs = [math.log(max(r, 1e-300)) for r in ratios]
     start = [0.0]  # log of the chain's weight at each bound
-    mass = 0.0  # sum of the weights of every queue length (G)
-    for i, lo in enumerate(bounds):
-        hi = bounds[i + 1] if i + 1 < len(bounds) else math.inf
-        r = ratios[i]
-        span = hi - lo
-        segment = (1.0 - r**span) / (1.0 - r) if math.isfinite(span) else 1.0 / (1.0 - r)
-        mass += math.exp(start[-1]) * segment
-        if math.isfinite(hi):
-            start.append(start[-1] + span * logs[i])
+    for i in range(1, len(bounds)):
+        start.append(start[-1] + (bounds[i] - bounds[i - 1]) * logs[i - 1])
+    mass = _beyond(start, ratios, bounds, 0)  # the weights of every queue length
     k = c_eff * (1.0 - rho) / (1.0 - c_eff) if c_eff < 1.0 else math.inf
     scale = k / (1.0 + k * mass) if math.isfinite(k) else 1.0 / mass
 
@@ -120,9 +115,7 @@ def _beyond(start: list[float], ratios: list[float], bounds: list[float], i: int
 
 
 class RateSim:
-    def __init__(
-        self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
-    ):
+    def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5):
         self.w = workload
         self.k = concurrency
         self.slo_s = slo_s
@@ -202,12 +195,12 @@ class RateSim:
         no_backlog = 1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0
         guarded = np.isfinite(depth) & (depth < self.slo_s * mu)
         if theta > 0 and guarded.any():
-            rates = offered_by_class / dt
-            tail = _guarded_tail(c_eff=c_wait, rho=offered / slots, rates=rates, depth=np.where(guarded, depth, np.inf))
+            rho = offered / slots
+            tail = _guarded_tail(c_eff=c_wait, rho=rho, rates=offered_by_class / dt,
+                                 depth=np.where(guarded, depth, np.inf))
             reject = np.where(guarded, [tail(d) for d in depth], 0.0)
             # the queue ahead drains at random: the unguarded chain's P(Q >= q) = C rho^q matches
             # P(W > SLO) = C exp(-theta SLO) at q = theta SLO / -ln(rho)
-            rho = offered / slots
             q_slo = theta * self.slo_s / -math.log(rho) if 0.0 < rho < 1.0 else 0.0
             no_backlog = np.where(guarded, 1.0 - reject, 1.0 - tail(q_slo))
         else:
@@ -281,7 +274,7 @@ class RateSim:
             for p in _POINTS:
                 waits.append((step / len(_POINTS), (b + (end - b) * p) / mu if mu > 0 else math.inf))
             b, left = end, left - span
-        return admitted, offered - admitted, waits, b
+        return admitted, np.where(np.isfinite(depth), np.maximum(offered - admitted, 0.0), 0.0), waits, b
 
     def finish(self, end: float) -> None:
         return None
