@@ -18,6 +18,8 @@ A burst can arrive within one probe interval, so between readings the endpoint c
 forward with what it admitted itself: queue + max(0, admitted since the reading - free slots at the
 reading - drain x time since), the drain being the ready slots' completions per second (from the
 decision). Requests that fit in free slots or are served meanwhile do not count; the rest are queued.
+Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
+carried part is low by their number (and never worse than the reading alone).
 
 Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
