@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import subprocess
 
 import pytest
@@ -31,7 +32,8 @@ PATHS = {
 }
 
 
-def render(overlay: str) -> list[dict]:
+def render(overlay) -> list[dict]:
+    """An overlay of deploy/ by name, or any kustomization directory by path."""
     out = subprocess.run([str(binaries() / "kustomize"), "build", str(ROOT / "deploy" / overlay)],
                          check=True, capture_output=True, text=True)
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
@@ -58,14 +60,14 @@ def test_every_rendered_manifest_is_accepted_by_the_apiserver(installed):
     assert ("Deployment", f"{MODEL}-warm-pool") in installed and ("Lease", f"{MODEL}-autoscaler") in installed
 
 
-def impersonated(cluster, method, path, body=None):
+def impersonated(cluster, method, path, body=None, ns=NS):
     import ssl
     import urllib.request
 
     request = urllib.request.Request(
         cluster.url + path, method=method, data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json",
-                 "Impersonate-User": f"system:serviceaccount:{NS}:{SA}"},
+                 "Impersonate-User": f"system:serviceaccount:{ns}:{SA}"},
     )
     try:
         with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=cluster.ca_file), timeout=10) as r:
@@ -151,3 +153,98 @@ def test_keda_scaled_object_targets_the_scaler_service():
     assert scaled["metadata"]["name"] == scaled["spec"]["scaleTargetRef"]["name"]
     behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 0
+
+
+STS_NS, STS_MODEL = "llm-sts", "llama-sts"
+STS_OVERLAY = """apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: {ns}
+resources: [{deploy}/base]
+components: [{deploy}/components/model-name, {deploy}/components/statefulset]
+configMapGenerator:
+  - {{name: model, behavior: replace, literals: [name={model}]}}
+generatorOptions: {{disableNameSuffixHash: true}}
+"""
+
+
+def model_statefulset(namespace: str, name: str, replicas: int) -> dict:
+    doc = model_deployment(namespace, name, replicas)
+    doc["kind"] = "StatefulSet"
+    doc["spec"]["serviceName"] = name
+    return doc
+
+
+@pytest.fixture(scope="module")
+def statefulset_installed(cluster, tmp_path_factory):
+    """A user's overlay for a model served by a StatefulSet: base + model-name + statefulset components."""
+    overlay = tmp_path_factory.mktemp("overlay")
+    deploy = os.path.relpath(ROOT / "deploy", overlay)  # kustomize takes relative paths only
+    (overlay / "kustomization.yaml").write_text(STS_OVERLAY.format(ns=STS_NS, deploy=deploy, model=STS_MODEL))
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": STS_NS}})[0] in (201, 409)
+    for name in (STS_MODEL, "other"):
+        status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets",
+                                       model_statefulset(STS_NS, name, 1))
+        assert status == 201, body.get("message")
+    docs = render(overlay)
+    for doc in docs:
+        path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", STS_NS))
+        status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
+        assert status == 201 or (status == 409 and doc["kind"] == "PriorityClass"), body.get("message")
+    return docs
+
+
+@pytest.mark.parametrize("path,allowed", [
+    (f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets/{STS_MODEL}/scale", True),
+    (f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets/{STS_MODEL}", True),
+    (f"/apis/apps/v1/namespaces/{STS_NS}/deployments/{STS_MODEL}-warm-pool", True),
+    (f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets/other/scale", False),
+    (f"/apis/apps/v1/namespaces/{STS_NS}/deployments/{STS_MODEL}/scale", False),
+])
+def test_statefulset_component_grants_the_models_statefulset(cluster, statefulset_installed, path, allowed):
+    status = impersonated(cluster, "GET", path, ns=STS_NS)
+    assert (status != 403) == allowed, status
+
+
+def test_statefulset_target_scales_with_the_service_accounts_own_token(cluster, statefulset_installed, monkeypatch,
+                                                                       tmp_path):
+    controller = next(d for d in statefulset_installed if d["kind"] == "Deployment" and "warm-pool" not in
+                      d["metadata"]["name"])
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config = next(d for d in statefulset_installed if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"] == "inference-autoscaler")["data"]["config.yaml"]
+    (tmp_path / "config.yaml").write_text(config)
+    monkeypatch.setenv("AUTOSCALER_TARGET__KIND", env["AUTOSCALER_TARGET__KIND"])
+    monkeypatch.setenv("AUTOSCALER_TARGET__NAMESPACE", STS_NS)
+    monkeypatch.setenv("AUTOSCALER_TARGET__NAME", STS_MODEL)
+    target = load_config(tmp_path / "config.yaml").target
+    assert target.kind == "StatefulSet"
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{STS_NS}/serviceaccounts/{SA}/token",
+                                   {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                    "spec": {"expirationSeconds": 3600}})
+    assert status == 201, body
+    kubeconfig = cluster.kubeconfig_for(body["status"]["token"], "sa-sts")
+
+    async def go():
+        kube = await Kube.connect(kubeconfig)
+        try:
+            reader = ClusterReader(kube, namespace=STS_NS, kind=target.kind, name=STS_MODEL,
+                                   warm_pool_name=f"{STS_MODEL}-warm-pool")
+            state = await reader.read(0.0)
+            assert await ScaleActuator(kube, namespace=STS_NS, kind=target.kind, name=STS_MODEL, min_replicas=1,
+                                       max_replicas=4).scale(state.spec_replicas + 1) is not None
+            await WarmPool(kube, namespace=STS_NS, name=f"{STS_MODEL}-warm-pool", target=STS_MODEL,
+                           priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
+                           max_slots=2).ensure(await reader.pod_template(), 1)
+            with pytest.raises(PermanentError) as err:
+                await ScaleActuator(kube, namespace=STS_NS, kind=target.kind, name="other", min_replicas=1,
+                                    max_replicas=4).scale(3)
+            assert err.value.kind == "forbidden"
+            return state.spec_replicas
+        finally:
+            await kube.close()
+
+    before = asyncio.run(go())
+    model = cluster.request("GET", f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets/{STS_MODEL}")[1]
+    assert model["spec"]["replicas"] == before + 1
+    pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{STS_NS}/deployments/{STS_MODEL}-warm-pool")[1]
+    assert pool["spec"]["replicas"] == 1
