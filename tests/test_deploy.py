@@ -95,32 +95,43 @@ def test_rbac_by_impersonation(cluster, installed, method, path, allowed):
         assert status == 403
 
 
-def test_controller_components_work_with_the_service_accounts_own_token(cluster, installed, tmp_path):
-    status, body = cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{SA}/token",
+def service_account_kubeconfig(cluster, ns: str, context: str) -> str:
+    """A kubeconfig with the controller's service account's own token (TokenRequest)."""
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{SA}/token",
                                    {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                                     "spec": {"expirationSeconds": 3600}})
     assert status == 201, body
-    kubeconfig = cluster.kubeconfig_for(body["status"]["token"], "sa")
+    return cluster.kubeconfig_for(body["status"]["token"], context)
+
+
+async def scale_and_warm(kube, ns: str, kind: str, model: str) -> int:
+    """Read the target, scale it up by one, size its warm pool to one slot, and find another target of the
+    same kind forbidden. Returns the replicas before."""
+    reader = ClusterReader(kube, namespace=ns, kind=kind, name=model, warm_pool_name=f"{model}-warm-pool")
+    state = await reader.read(0.0)
+    assert await ScaleActuator(kube, namespace=ns, kind=kind, name=model, min_replicas=1,
+                               max_replicas=4).scale(state.spec_replicas + 1) is not None
+    await WarmPool(kube, namespace=ns, name=f"{model}-warm-pool", target=model,
+                   priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
+                   max_slots=2).ensure(await reader.pod_template(), 1)
+    with pytest.raises(PermanentError) as err:
+        await ScaleActuator(kube, namespace=ns, kind=kind, name="other", min_replicas=1, max_replicas=4).scale(3)
+    assert err.value.kind == "forbidden"
+    return state.spec_replicas
+
+
+def test_controller_components_work_with_the_service_accounts_own_token(cluster, installed, tmp_path):
+    kubeconfig = service_account_kubeconfig(cluster, NS, "sa")
 
     async def go():
         kube = await Kube.connect(kubeconfig)
         try:
-            reader = ClusterReader(kube, namespace=NS, kind="Deployment", name=MODEL, warm_pool_name=f"{MODEL}-warm-pool")
-            state = await reader.read(0.0)
-            assert await ScaleActuator(kube, namespace=NS, kind="Deployment", name=MODEL, min_replicas=1,
-                                       max_replicas=4).scale(state.spec_replicas + 1) is not None
-            await WarmPool(kube, namespace=NS, name=f"{MODEL}-warm-pool", target=MODEL,
-                           priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
-                           max_slots=2).ensure(await reader.pod_template(), 1)
+            await scale_and_warm(kube, NS, "Deployment", MODEL)
             elector = LeaderElector(kube, namespace=NS, name=f"{MODEL}-autoscaler", identity="pod-a",
                                     lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
             assert await elector.try_acquire_or_renew()
             await EventRecorder(kube, namespace=NS, kind="Deployment", name=MODEL, instance="pod-a").scaled(
                 before=1, after=2, reasons=("test",), now=0.0)
-            with pytest.raises(PermanentError) as err:
-                await ScaleActuator(kube, namespace=NS, kind="Deployment", name="other", min_replicas=1,
-                                    max_replicas=4).scale(3)
-            assert err.value.kind == "forbidden"
         finally:
             await kube.close()
 
@@ -218,28 +229,12 @@ def test_statefulset_target_scales_with_the_service_accounts_own_token(cluster, 
     monkeypatch.setenv("AUTOSCALER_TARGET__NAME", STS_MODEL)
     target = load_config(tmp_path / "config.yaml").target
     assert target.kind == "StatefulSet"
-    status, body = cluster.request("POST", f"/api/v1/namespaces/{STS_NS}/serviceaccounts/{SA}/token",
-                                   {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                    "spec": {"expirationSeconds": 3600}})
-    assert status == 201, body
-    kubeconfig = cluster.kubeconfig_for(body["status"]["token"], "sa-sts")
+    kubeconfig = service_account_kubeconfig(cluster, STS_NS, "sa-sts")
 
     async def go():
         kube = await Kube.connect(kubeconfig)
         try:
-            reader = ClusterReader(kube, namespace=STS_NS, kind=target.kind, name=STS_MODEL,
-                                   warm_pool_name=f"{STS_MODEL}-warm-pool")
-            state = await reader.read(0.0)
-            assert await ScaleActuator(kube, namespace=STS_NS, kind=target.kind, name=STS_MODEL, min_replicas=1,
-                                       max_replicas=4).scale(state.spec_replicas + 1) is not None
-            await WarmPool(kube, namespace=STS_NS, name=f"{STS_MODEL}-warm-pool", target=STS_MODEL,
-                           priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
-                           max_slots=2).ensure(await reader.pod_template(), 1)
-            with pytest.raises(PermanentError) as err:
-                await ScaleActuator(kube, namespace=STS_NS, kind=target.kind, name="other", min_replicas=1,
-                                    max_replicas=4).scale(3)
-            assert err.value.kind == "forbidden"
-            return state.spec_replicas
+            return await scale_and_warm(kube, STS_NS, target.kind, STS_MODEL)
         finally:
             await kube.close()
 
