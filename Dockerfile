@@ -6,7 +6,6 @@ RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY policies policies
 COPY autoscaler autoscaler
-COPY loadtest loadtest
 RUN /opt/venv/bin/pip install --no-cache-dir . \
  && /opt/venv/bin/pip uninstall -y pip
 

@@ -50,8 +50,8 @@ clean:
 
 # Regenerate the KEDA gRPC stubs after editing the proto.
 proto: $(STAMP)
-	cd autoscaler/keda && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. externalscaler.proto
-	sed -i 's/^import externalscaler_pb2 as/from autoscaler.keda import externalscaler_pb2 as/' autoscaler/keda/externalscaler_pb2_grpc.py
+	cd autoscaler/external_scaler && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. externalscaler.proto
+	sed -i 's/^import externalscaler_pb2 as/from autoscaler.external_scaler import externalscaler_pb2 as/' autoscaler/external_scaler/externalscaler_pb2_grpc.py
 
 # Runtime figures of the live controller (loop overhead, KEDA latency, memory); needs `make system`.
 bench-controller: $(SYSTEM_STAMP)

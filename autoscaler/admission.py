@@ -27,23 +27,25 @@ cannot decide must not block traffic.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Callable
 
 from aiohttp import web
 
 from autoscaler.board import DecisionBoard
+from autoscaler.clock import Clock, SystemClock
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
-from policies.stages.shedding import carried_queue
+from policies.admission import carried_queue
+
+# Admissions remembered since the latest queue reading, at most: a bound should the probe stop reading.
+MAX_TRACKED_ADMISSIONS = 100_000
 
 
 class Admission:
     def __init__(self, board: DecisionBoard, *, priorities: dict[str, int], header: str, default_class: str,
                  retry_after_s: int, live_queue: Callable[[], QueueReading | float | None] | None = None,
-                 on_result: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 on_result: Callable[[str, str], None] | None = None, clock: Clock | None = None) -> None:
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -52,10 +54,10 @@ class Admission:
         self.retry_after = str(retry_after_s)
         self.live_queue = live_queue or (lambda: board.latest.queue_depth if board.latest else None)
         self.on_result = on_result or (lambda cls, result: None)
-        self.clock = clock
+        self.clock = clock or SystemClock()
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
-        # when requests were admitted since the latest reading (bounded, should the probe stop reading)
-        self._admitted_at: deque[float] = deque(maxlen=100_000)
+        # when requests were admitted since the latest reading
+        self._admitted_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
         self._by_value = sorted((v, name) for name, v in priorities.items())
 
     def classify(self, raw: str | None) -> str:
@@ -83,16 +85,16 @@ class Admission:
             self._admitted_at.popleft()  # in the reading already
         return carried_queue(queue=reading.queue, in_flight=reading.in_flight, admitted=len(self._admitted_at),
                              slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
-                             elapsed_s=self.clock() - reading.at)
+                             elapsed_s=self.clock.now() - reading.at)
 
-    def decide(self, cls: str) -> str | None:
-        """None to admit, or the reason to reject."""
-        reason = self._decide(cls)
+    def rejection(self, cls: str) -> str | None:
+        """Why a request of class `cls` is rejected now, or None to admit it (and count it admitted)."""
+        reason = self._rejection(cls)
         if reason is None:
-            self._admitted_at.append(self.clock())
+            self._admitted_at.append(self.clock.now())
         return reason
 
-    def _decide(self, cls: str) -> str | None:
+    def _rejection(self, cls: str) -> str | None:
         latest = self.board.latest
         if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
             return None
@@ -112,7 +114,7 @@ class Admission:
 
     def _answer(self, request: web.Request, deny_status: int) -> web.Response:
         cls = self.classify(request.headers.get(self.header))
-        reason = self.decide(cls)
+        reason = self.rejection(cls)
         if reason is None:
             self.on_result(cls, "admitted")
             return web.Response(status=200)

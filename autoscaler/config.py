@@ -2,7 +2,9 @@
 
 Environment variables use the prefix `AUTOSCALER_` and `__` for nesting, e.g. `AUTOSCALER_MODE=shadow`,
 `AUTOSCALER_PROMETHEUS__URL=http://prometheus:9090`; they override the file. An invalid config exits
-non-zero with a message naming each bad field and its value (see `load_config`).
+non-zero with a message naming each bad field and its value (see `load_config`). The control-loop period
+is set in one place, `policy.tick_s` (the policy sizes its windows in ticks; the loop runs at its pace).
+The policy section alone is what `autoscaler replay --policy FILE` reads (`load_policy_spec`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from autoscaler.policyfile import ConfigError, describe, read_yaml_mapping
+from autoscaler.errors import ConfigError
 from autoscaler.presets import DCGM_HEADROOM, PRESETS, queries
 from policies import PolicySpec
+
+# Unless set, a tick must finish its I/O within 80 % of the period: the rest keeps ticks from overlapping
+# when the apiserver or Prometheus is slow (a late answer is dropped; the tick holds).
+DEFAULT_DEADLINE_RATIO = 0.8
 
 
 class Mode(str, Enum):
@@ -97,8 +104,7 @@ class Settings(BaseSettings):
     target: Target
     mode: Mode = Mode.shadow
     model_server: str = Field("vllm", description=f"Metric preset: one of {sorted(PRESETS)}")
-    tick_s: float = Field(15.0, gt=0, le=300)
-    tick_deadline_s: float | None = Field(None, gt=0, description="Default: 80 % of tick_s.")
+    tick_deadline_s: float | None = Field(None, gt=0, description="Default: 80 % of policy.tick_s.")
     http_port: int = Field(8080, ge=1, le=65535, description="Health, readiness and /metrics.")
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
     scrape: ScrapeSource = Field(default_factory=ScrapeSource)
@@ -114,10 +120,8 @@ class Settings(BaseSettings):
             raise ValueError(f"model_server {self.model_server!r} is not one of {sorted(PRESETS)}")
         if self.prometheus.url is None and not self.scrape.enabled:
             raise ValueError("no signal source: set prometheus.url or enable scrape")
-        if self.policy.tick_s != self.tick_s:
-            raise ValueError(f"policy.tick_s ({self.policy.tick_s}) must equal tick_s ({self.tick_s})")
         if self.deadline_s > self.tick_s:
-            raise ValueError(f"tick_deadline_s ({self.tick_deadline_s}) must not exceed tick_s ({self.tick_s})")
+            raise ValueError(f"tick_deadline_s ({self.tick_deadline_s}) must not exceed policy.tick_s ({self.tick_s})")
         if self.admission.default_priority not in self.policy.priorities:
             raise ValueError(
                 f"admission.default_priority {self.admission.default_priority!r} is not one of "
@@ -126,8 +130,12 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def tick_s(self) -> float:
+        return self.policy.tick_s
+
+    @property
     def deadline_s(self) -> float:
-        return self.tick_deadline_s if self.tick_deadline_s is not None else 0.8 * self.tick_s
+        return self.tick_deadline_s if self.tick_deadline_s is not None else DEFAULT_DEADLINE_RATIO * self.tick_s
 
     @property
     def queries(self) -> dict[str, str]:
@@ -144,15 +152,48 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
-def _merge_tick(data: dict[str, Any]) -> dict[str, Any]:
-    """The policy's tick follows the loop's unless set explicitly."""
-    tick = data.get("tick_s")
-    policy = data.get("policy")
-    if tick is not None and isinstance(policy, dict) and "tick_s" not in policy:
-        data = {**data, "policy": {**policy, "tick_s": tick}}
-    elif tick is not None and policy is None:
-        data = {**data, "policy": {"tick_s": tick}}
-    return data
+def describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(spec)"
+        value = item.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{source}: field {field!r}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file that must hold a mapping (empty file: empty mapping), or a ConfigError saying why."""
+    path = Path(path)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields, got {type(loaded).__name__}")
+    return loaded
+
+
+def load_policy_spec(path: str | Path | None, **overrides) -> PolicySpec:
+    """A `PolicySpec` from a YAML mapping of its fields (or the `policy:` section of a controller config)."""
+    data: dict = {}
+    source = "policy"
+    if path is not None:
+        source = str(path)
+        data = read_yaml_mapping(path)
+        if isinstance(data.get("policy"), dict):
+            data = data["policy"]  # a controller config (or a `policy:` section alone): the policy part
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return PolicySpec(**data)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, source)) from None
 
 
 def load_config(path: str | Path | None) -> Settings:
@@ -161,7 +202,9 @@ def load_config(path: str | Path | None) -> Settings:
     if path is not None:
         source = str(path)
         data = read_yaml_mapping(path)
+    if "tick_s" in data:
+        raise ConfigError(f"{source}: field 'tick_s': set the loop's period as policy.tick_s (one place for both)")
     try:
-        return Settings(**_merge_tick(data))
+        return Settings(**data)
     except ValidationError as exc:
         raise ConfigError(describe(exc, source)) from None

@@ -22,16 +22,17 @@ from typing import Any, Callable, Protocol
 import structlog
 
 from autoscaler.board import DecisionBoard, Published
+from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
 from autoscaler.errors import EdgeError
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import QueryResult
-from policies import ClusterState, Decision, Signals, decide, initial_state
+from policies import SAMPLE_SIGNALS, ClusterState, Decision, Signals, decide, initial_state
 
 log = structlog.get_logger("autoscaler")
 
-SAMPLE_FIELDS = ("queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s",
-                 "arrival_rate_per_s", "service_time_s", "arrivals_total")
+# Reading the signals may take 80 % of the tick's deadline; the rest is left for deciding and acting.
+COLLECT_SHARE_OF_DEADLINE = 0.8
 
 
 class SampleSource(Protocol):
@@ -63,7 +64,7 @@ class PriorityCounter:
     counts: dict[str, int] = field(default_factory=dict)
     _last: tuple[float, dict[str, int]] | None = None
 
-    def add(self, priority: str, result: str) -> None:
+    def add(self, priority: str) -> None:
         self.counts[priority] = self.counts.get(priority, 0) + 1
 
     def rates(self, now: float) -> dict[str, float]:
@@ -87,7 +88,7 @@ class Controller:
     events: EventSink | None = None
     priorities: PriorityCounter | None = None
     is_leader: Callable[[], bool] = lambda: True
-    clock: Callable[[], float] = time.time
+    clock: Clock = field(default_factory=SystemClock)
     state: Any = field(default_factory=initial_state)
     last_tick_s: float | None = None
 
@@ -107,7 +108,7 @@ class Controller:
         return None
 
     async def collect(self, now: float) -> Signals:
-        deadline = self.settings.deadline_s * 0.8
+        deadline = self.settings.deadline_s * COLLECT_SHARE_OF_DEADLINE
         results = await asyncio.gather(
             *(self._bounded(s.collect(now), "signals", deadline) for s in self.sources),
             self._bounded(self.cluster.read(now), "cluster", deadline),
@@ -120,14 +121,14 @@ class Controller:
             for name, error in result.errors.items():
                 self._error(error, f"signal {name}")
             for name, sample in result.samples.items():
-                if name in SAMPLE_FIELDS and name not in samples:
+                if name in SAMPLE_SIGNALS and name not in samples:
                     samples[name] = sample
         by_priority = self.priorities.rates(now) if self.priorities is not None else {}
         return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
 
     async def tick(self) -> Decision:
         started = time.perf_counter()
-        now = self.clock()
+        now = self.clock.now()
         signals = await self.collect(now)
         decision, self.state = decide(self.settings.policy, self.state, signals, now)
         cluster = signals.cluster
@@ -171,7 +172,7 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until `stop` is set; ticks start on a fixed period, never overlapping."""
         period = self.settings.tick_s
-        next_start = time.monotonic()
+        next_start = self.clock.now()
         while not stop.is_set():
             try:
                 await self.tick()
@@ -181,11 +182,8 @@ class Controller:
                 self._error(exc, "tick")
                 log.exception("tick failed")
             next_start += period
-            delay = next_start - time.monotonic()
-            if delay < 0:
-                next_start = time.monotonic()
+            delay = next_start - self.clock.now()
+            if delay < 0:  # late: start the next tick now and keep the period from there
+                next_start = self.clock.now()
                 delay = 0
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+            await self.clock.wait(stop, delay)

@@ -4,7 +4,7 @@ Servers: health (/healthz: the loop ticked within three periods; /readyz: a deci
 and the controller's own /metrics on `http_port`; the admission endpoint on `admission.port`; the KEDA
 gRPC scaler on `keda.port` in `keda` mode. With leader election on, only the Lease holder writes to the
 cluster (every replica decides and serves, so KEDA and gateways can ask any of them). On SIGTERM the loop
-finishes its tick, the Lease is released and the servers stop.
+finishes its tick, the Lease is released and the servers stop. One clock serves every part.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import sys
-import time
+from dataclasses import dataclass, field
 
 import aiohttp
 import structlog
@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard
+from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
 from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
@@ -34,10 +35,15 @@ from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import WarmPool
 from autoscaler.loop import Controller, PriorityCounter
 from autoscaler.metrics import ControllerMetrics
+from autoscaler.presets import SCRAPE
 from autoscaler.signals.prometheus import PrometheusSource
+from autoscaler.signals.queueprobe import QueueProbe, QueueReading
+from autoscaler.signals.scrape import KubePodEndpoints, ScrapeSource
 
-
-STARTED = web.AppKey("started", float)
+# /healthz: the loop is alive while its last tick is at most this many periods old...
+HEALTHY_TICK_PERIODS = 3
+# ...and, before the first tick, for this long beyond that (start-up reads the cluster and Prometheus).
+STARTUP_GRACE_S = 30.0
 
 
 def configure_logging() -> None:
@@ -50,16 +56,16 @@ def configure_logging() -> None:
     )
 
 
-def health_app(controller: Controller, metrics: ControllerMetrics, board: DecisionBoard) -> web.Application:
-    period = controller.settings.tick_s
+def health_app(controller: Controller, metrics: ControllerMetrics, board: DecisionBoard, clock: Clock,
+               started_s: float) -> web.Application:
+    limit = HEALTHY_TICK_PERIODS * controller.settings.tick_s
 
     async def healthz(request: web.Request) -> web.Response:
-        last = controller.last_tick_s
-        started = request.app[STARTED]
-        if last is None and time.time() - started > 3 * period + 30:
+        last, now = controller.last_tick_s, clock.now()
+        if last is None and now - started_s > limit + STARTUP_GRACE_S:
             return web.Response(status=503, text="no tick completed yet\n")
-        if last is not None and time.time() - last > 3 * period:
-            return web.Response(status=503, text=f"last tick {time.time() - last:.0f} s ago\n")
+        if last is not None and now - last > limit:
+            return web.Response(status=503, text=f"last tick {now - last:.0f} s ago\n")
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
@@ -71,7 +77,6 @@ def health_app(controller: Controller, metrics: ControllerMetrics, board: Decisi
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
-    app[STARTED] = time.time()
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", prometheus_metrics)])
     return app
 
@@ -83,100 +88,150 @@ async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     return runner
 
 
-async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = "0.0.0.0",
-              stop: asyncio.Event | None = None) -> None:
-    stop = stop or asyncio.Event()
+@dataclass
+class Parts:
+    """What `run` starts and later stops: background tasks (each runs until `stop`) and servers."""
+
+    tasks: list = field(default_factory=list)  # coroutine functions taking the stop event
+    runners: list[web.AppRunner] = field(default_factory=list)
+    grpc_server: object | None = None
+
+
+def _pods(kube: Kube, settings: Settings) -> KubePodEndpoints:
+    target = settings.target
+    return KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                            port=settings.scrape.port, path=settings.scrape.path)
+
+
+def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> list:
+    """The signal sources: PromQL queries, the pods' /metrics, or both."""
+    sources = []
+    if settings.prometheus.url:
+        sources.append(PrometheusSource(session, settings.prometheus.url, settings.queries,
+                                        timeout_s=settings.prometheus.timeout_s))
+    if settings.scrape.enabled:
+        sources.append(ScrapeSource(session, _pods(kube, settings), SCRAPE[settings.model_server],
+                                    timeout_s=settings.scrape.timeout_s))
+    return sources
+
+
+def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
+                     board: DecisionBoard, metrics: ControllerMetrics, priorities: PriorityCounter,
+                     clock: Clock, parts: Parts) -> Controller:
+    """The loop with its actuators (scale subresource, warm pool, events) and, in actuate mode, the leader
+    election that gates them."""
+    target = settings.target
+    warm_name = target.name + settings.warm_pool.name_suffix
+    elector = None
+    if settings.leader_election.enabled and settings.mode == Mode.actuate:
+        le = settings.leader_election
+        elector = LeaderElector(kube, namespace=target.namespace, name=le.lease_name or f"{target.name}-autoscaler",
+                                identity=identity, lease_duration_s=le.lease_duration_s,
+                                renew_deadline_s=le.renew_deadline_s, retry_period_s=le.retry_period_s, clock=clock)
+        parts.tasks.append(elector.run)
+    controller = Controller(
+        settings=settings, sources=build_sources(settings, kube, session), board=board, metrics=metrics,
+        cluster=ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                              warm_pool_name=warm_name if settings.warm_pool.enabled else None),
+        priorities=priorities,
+        scaler=ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                             min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas),
+        warm_pool=WarmPool(kube, namespace=target.namespace, name=warm_name,
+                           priority_class=settings.warm_pool.priority_class,
+                           pause_image=settings.warm_pool.pause_image, max_slots=settings.policy.max_warm_slots),
+        events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
+        is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
+        clock=clock,
+    )
+    parts.tasks.insert(0, controller.run)
+    return controller
+
+
+def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, board: DecisionBoard,
+                    metrics: ControllerMetrics, priorities: PriorityCounter, clock: Clock, parts: Parts) -> Admission:
+    """The admission endpoint, with the queue probe that feeds its saturation guard."""
+    probe = None
+    queue_metric = SCRAPE[settings.model_server].get("queue_depth")
+    if settings.admission.queue_probe_interval_s is not None and queue_metric:
+        probe = QueueProbe(session, _pods(kube, settings), queue_metric,
+                           interval_s=settings.admission.queue_probe_interval_s,
+                           in_flight_metric=SCRAPE[settings.model_server].get("in_flight"), clock=clock)
+        parts.tasks.append(probe.run)
+
+    def live_queue() -> QueueReading | float | None:
+        reading = probe.reading() if probe is not None else None
+        if reading is None and board.latest is not None:
+            return board.latest.queue_depth
+        return reading
+
+    def on_result(cls: str, result: str) -> None:
+        priorities.add(cls)
+        metrics.admission.labels(cls, result).inc()
+
+    return Admission(
+        board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
+        default_class=settings.admission.default_priority, retry_after_s=settings.admission.retry_after_s,
+        live_queue=live_queue, on_result=on_result, clock=clock,
+    )
+
+
+async def start_servers(settings: Settings, *, host: str, controller: Controller, admission: Admission | None,
+                        board: DecisionBoard, metrics: ControllerMetrics, clock: Clock, parts: Parts) -> None:
+    parts.runners.append(await _serve(health_app(controller, metrics, board, clock, clock.now()), host,
+                                      settings.http_port))
+    if admission is not None:
+        parts.runners.append(await _serve(admission.app(), host, settings.admission.port))
+    if settings.mode == Mode.keda:
+        from autoscaler.external_scaler.server import start
+
+        parts.grpc_server = await start(board, host=host, port=settings.keda.port,
+                                        namespace=settings.target.namespace, scaled_object=settings.target.name,
+                                        metric_name=settings.keda.metric_name)
+
+
+async def stop_servers(parts: Parts) -> None:
+    if parts.grpc_server is not None:
+        await parts.grpc_server.stop(grace=2)
+    for runner in parts.runners:
+        await runner.cleanup()
+
+
+def _on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass  # not the main thread (tests)
+
+
+async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = "0.0.0.0",
+              stop: asyncio.Event | None = None, clock: Clock | None = None) -> None:
+    stop = stop or asyncio.Event()
+    clock = clock or SystemClock()
+    _on_signals(stop)
     target = settings.target
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    kube = await Kube.connect(kubeconfig)
+    kube = await Kube.connect(kubeconfig, clock=clock)
     session = aiohttp.ClientSession()
-    board, metrics, priorities = DecisionBoard(), ControllerMetrics(), PriorityCounter()
-    warm_name = target.name + settings.warm_pool.name_suffix
-    cluster = ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                            warm_pool_name=warm_name if settings.warm_pool.enabled else None)
-    sources = []
-    if settings.prometheus.url:
-        sources.append(PrometheusSource(session, settings.prometheus.url, settings.queries,
-                                        timeout_s=settings.prometheus.timeout_s))
-    if settings.scrape.enabled:
-        from autoscaler.presets import SCRAPE
-        from autoscaler.signals.scrape import KubePodEndpoints, ScrapeSource
-
-        pods = KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                                port=settings.scrape.port, path=settings.scrape.path)
-        sources.append(ScrapeSource(session, pods, SCRAPE[settings.model_server], timeout_s=settings.scrape.timeout_s))
-    elector = None
-    if settings.leader_election.enabled and settings.mode == Mode.actuate:
-        le = settings.leader_election
-        elector = LeaderElector(kube, namespace=target.namespace, name=le.lease_name or f"{target.name}-autoscaler",
-                                identity=identity, lease_duration_s=le.lease_duration_s,
-                                renew_deadline_s=le.renew_deadline_s, retry_period_s=le.retry_period_s)
-    controller = Controller(
-        settings=settings, sources=sources, cluster=cluster, board=board, metrics=metrics, priorities=priorities,
-        scaler=ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                             min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas),
-        warm_pool=WarmPool(kube, namespace=target.namespace, name=warm_name, target=target.name,
-                           priority_class=settings.warm_pool.priority_class,
-                           pause_image=settings.warm_pool.pause_image, max_slots=settings.policy.max_warm_slots),
-        events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
-        is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
-    )
-    runners = [await _serve(health_app(controller, metrics, board), host, settings.http_port)]
-    probe = None
-    if settings.admission.enabled:
-        from autoscaler.presets import SCRAPE
-        from autoscaler.signals.queueprobe import QueueProbe, QueueReading
-        from autoscaler.signals.scrape import KubePodEndpoints
-
-        queue_metric = SCRAPE[settings.model_server].get("queue_depth")
-        if settings.admission.queue_probe_interval_s is not None and queue_metric:
-            pods = KubePodEndpoints(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                                    port=settings.scrape.port, path=settings.scrape.path)
-            probe = QueueProbe(session, pods, queue_metric, interval_s=settings.admission.queue_probe_interval_s,
-                               in_flight_metric=SCRAPE[settings.model_server].get("in_flight"))
-
-        def live_queue() -> QueueReading | float | None:
-            reading = probe.reading() if probe is not None else None
-            if reading is None and board.latest is not None:
-                return board.latest.queue_depth
-            return reading
-
-        admission = Admission(
-            board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
-            default_class=settings.admission.default_priority, retry_after_s=settings.admission.retry_after_s,
-            live_queue=live_queue,
-            on_result=lambda cls, result: (priorities.add(cls, result), metrics.admission.labels(cls, result).inc()),
-        )
-        runners.append(await _serve(admission.app(), host, settings.admission.port))
-    grpc_server = None
-    if settings.mode == Mode.keda:
-        from autoscaler.keda.server import start
-
-        grpc_server = await start(board, host=host, port=settings.keda.port, namespace=target.namespace,
-                                  scaled_object=target.name, metric_name=settings.keda.metric_name)
-    structlog.get_logger("autoscaler").info("started", target=f"{target.namespace}/{target.kind}/{target.name}",
-                                            mode=settings.mode.value, identity=identity)
-    tasks = [asyncio.create_task(controller.run(stop))]
-    if elector is not None:
-        tasks.append(asyncio.create_task(elector.run(stop)))
-    if probe is not None:
-        tasks.append(asyncio.create_task(probe.run(stop)))
+    board, metrics, priorities, parts = DecisionBoard(), ControllerMetrics(), PriorityCounter(), Parts()
+    shared = dict(board=board, metrics=metrics, priorities=priorities, clock=clock, parts=parts)
     try:
-        await stop.wait()
-        await asyncio.gather(*tasks)
+        controller = build_controller(settings, kube, session, identity=identity, **shared)
+        admission = build_admission(settings, kube, session, **shared) if settings.admission.enabled else None
+        await start_servers(settings, host=host, controller=controller, admission=admission, board=board,
+                            metrics=metrics, clock=clock, parts=parts)
+        structlog.get_logger("autoscaler").info("started", target=f"{target.namespace}/{target.kind}/{target.name}",
+                                                mode=settings.mode.value, identity=identity)
+        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
+        try:
+            await stop.wait()
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
     finally:
-        for task in tasks:
-            task.cancel()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=2)
-        for runner in runners:
-            await runner.cleanup()
+        await stop_servers(parts)
         await session.close()
         await kube.close()
         structlog.get_logger("autoscaler").info("stopped")

@@ -22,9 +22,9 @@ import structlog
 
 from autoscaler.board import DecisionBoard
 from autoscaler.config import Settings
-from autoscaler.keda import externalscaler_pb2 as pb
-from autoscaler.keda import externalscaler_pb2_grpc as pb_grpc
-from autoscaler.keda.server import start
+from autoscaler.external_scaler import externalscaler_pb2 as pb
+from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.external_scaler.server import start
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import PrometheusSource, QueryResult

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadtest.sim.run import PolicyRun, SimConfig
+from autoscaler.sim.run import PolicyRun, SimConfig
 from policies import PolicySpec, decide, initial_state
-from policies.baselines import hpa, keda, kpa, oracle
+from policies.baselines import hpa, keda_prometheus, kpa, oracle
 
 NAMES = ("predictive", "hpa", "kpa", "keda", "static", "clairvoyant")
 TARGET_UTILIZATION = 0.7
@@ -49,7 +49,8 @@ def build(config: SimConfig, needed: np.ndarray, names: tuple[str, ...] = NAMES)
             kpa.initial_state(),
         ),
         "keda": lambda: PolicyRun(
-            "keda", keda.keda_spec(target, max_replicas=MAX_REPLICAS), keda.decide, keda.initial_state()
+            "keda", keda_prometheus.keda_spec(target, max_replicas=MAX_REPLICAS), keda_prometheus.decide,
+            keda_prometheus.initial_state(),
         ),
         "static": lambda: PolicyRun(
             "static",

@@ -5,10 +5,11 @@ No clock, no I/O, no await: time arrives as `now`, memory as a frozen `PolicySta
 
 from policies.engine import decide, initial_state
 from policies.spec import PRIORITY_CLASSES, PolicySpec
-from policies.types import ClusterState, Decision, PolicyState, Sample, Signals
+from policies.types import SAMPLE_SIGNALS, ClusterState, Decision, PolicyState, Sample, Signals
 
 __all__ = [
     "PRIORITY_CLASSES",
+    "SAMPLE_SIGNALS",
     "ClusterState",
     "Decision",
     "PolicySpec",

@@ -1,6 +1,6 @@
 """`decide(spec, state, signals, now) -> (Decision, PolicyState)`: the predictive policy.
 
-The stages of DESIGN.md in order: sanitize -> reactive -> lead time -> predictive -> combine -> bounds ->
+The stages of `policies/stages/` in order: sanitize -> reactive -> lead time -> predictive -> combine -> bounds ->
 warm pool -> shedding. Every stage that changes the outcome adds a reason.
 
 Safety rules:
@@ -29,7 +29,6 @@ from policies.stages.shedding import saturation_depths, shed_levels
 from policies.stages.warmpool import warm_slots
 from policies.types import Decision, PolicyState, Signals
 
-
 REFIT_REASON = "forecast: refitted"
 
 
@@ -44,15 +43,28 @@ def initial_state() -> PolicyState:
     return PolicyState()
 
 
+def _hold(current: int, state: PolicyState, why: str, dropped: list[str]) -> tuple[Decision, PolicyState]:
+    """A decision nobody acts on: replicas stay as they are and the shed levels of the last valid decision
+    stay in force (the admission endpoint does not read an invalid decision either)."""
+    reasons = tuple([f"hold: {why}"] + dropped)
+    return Decision(replicas=current, valid=False, reasons=reasons, shed=dict(state.shed)), state
+
+
 def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -> tuple[Decision, PolicyState]:
+    """One tick of the predictive policy: what to run now, given what was measured at `now`.
+
+    `state` is what the previous call returned (`initial_state()` at start); the returned state goes into
+    the next call. Pure: the same arguments always give the same result, so a replay of recorded signals
+    reproduces the live decisions exactly. `Decision.valid` is False when the signals cannot support a
+    decision (no cluster state, no demand signal): the caller then leaves the cluster as it is. Every stage
+    that changed the outcome adds a line to `Decision.reasons`."""
     clean, counter = sanitize(spec, signals, state.last_counter, now, state.seen)
     state = replace(state, last_counter=counter, seen=state.seen | present(signals))
     dropped = list(clean.dropped)
     cluster = clean.cluster
     current = cluster.spec_replicas if cluster else (state.last_replicas or 0)
     if cluster is None:
-        reasons = tuple(["hold: no usable cluster state"] + dropped)
-        return Decision(replicas=current, valid=False, reasons=reasons, shed=dict(state.shed)), state
+        return _hold(current, state, "no usable cluster state", dropped)
 
     service_s = learn_service_time(spec, state.service_time_s, clean)
     forecast_state = fc.observe(spec, state.forecast, clean.arrival_rate_per_s, now)
@@ -61,8 +73,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     service_s = service_s or spec.initial_service_time_s
 
     if clean.arrival_rate_per_s is None and clean.in_flight is None:
-        reasons = tuple(["hold: no demand signal (arrival rate and in-flight both unusable)"] + dropped)
-        return Decision(replicas=current, valid=False, reasons=reasons, shed=dict(state.shed)), state
+        return _hold(current, state, "no demand signal (arrival rate and in-flight both unusable)", dropped)
 
     startup = startup_s(spec, samples)
     lead = lead_time_s(spec, startup, cluster.warm_slots_ready)
@@ -73,15 +84,16 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
             f"{fc.point(forecast_state, 1):.1f}: treated as an ingress outage since "
             f"{now - forecast_state.outage_since_s:.0f} s (held up to {spec.outage_hold_s:.0f} s)"
         )
-    if forecast_state.fitted_at_s == now and forecast_state.kind in ("holt", "holt-winters"):
+    refitted = forecast_state.fitted_at_s == now and forecast_state.kind in ("holt", "holt-winters")
+    if refitted:
         reasons.append(f"{REFIT_REASON} {forecast_state.kind} on {len(forecast_state.history)} buckets")
     # A miss while capacity the policy already ordered is still landing says it was late, which more
     # headroom would not fix; a miss with its own last decision ready says the sizing was wrong.
     model_satisfied = cluster.ready_replicas >= (state.last_replicas or cluster.spec_replicas)
-    headroom, why = slo_feedback(spec, state.headroom_ratio, clean, model_satisfied=model_satisfied)
-    state = replace(state, headroom_ratio=headroom)
+    sizing, why = slo_feedback(spec, state.headroom_ratio, clean, model_satisfied=model_satisfied)
+    state = replace(state, headroom_ratio=sizing)
     reasons += why
-    reactive_n, why = reactive(spec, clean, service_s, headroom)
+    reactive_n, why = reactive(spec, clean, service_s, sizing)
     reasons += why
     recent = remember_reactive(spec, state.reactive_recent, reactive_n, now)
 
@@ -90,15 +102,15 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
                             quantiles=quantiles)
     predictive_n = None
     if predicted is not None:
-        predictive_n = replicas_for_rate(spec, predicted[1] * headroom, service_s)
+        predictive_n = replicas_for_rate(spec, predicted[1] * sizing, service_s)
         reasons.append(
             f"predictive: {predictive_n} replicas for upper forecast {predicted[1]:.1f} req/s "
-            f"(mean {predicted[0]:.1f}, {forecast_state.kind}, headroom {headroom:.2f}) at +{lead:.0f} s"
+            f"(mean {predicted[0]:.1f}, {forecast_state.kind}, headroom {sizing:.2f}) at +{lead:.0f} s"
         )
     wanted, why = combine(spec, reactive=reactive_n, recent=recent, predictive=predictive_n)
     reasons += why
     if wanted is None:
-        return Decision(replicas=current, valid=False, reasons=tuple(["hold: nothing to size on"] + dropped)), state
+        return _hold(current, state, "nothing to size on", dropped)
 
     replicas, recommendations, why = bound(
         spec, wanted=wanted, current=current, recommendations=state.recommendations, lead_s=lead, now=now
@@ -111,7 +123,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
 
     peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s,
                        quantiles=quantiles)
-    peak_n = replicas_for_rate(spec, peak[1] * headroom, service_s) if peak else None
+    peak_n = replicas_for_rate(spec, peak[1] * sizing, service_s) if peak else None
     warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n)
     reasons += why
     shed, why = shed_levels(spec, clean, service_s)
@@ -127,6 +139,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         forecast_rate_per_s=predicted[0] if predicted else None,
         forecast_upper_rate_per_s=predicted[1] if predicted else None,
         lead_time_s=lead,
+        refitted=refitted,
         reasons=tuple(reasons),
     )
     state = replace(

@@ -118,5 +118,10 @@ class PolicySpec(BaseModel):
         return self
 
     @property
+    def classes(self) -> tuple[str, ...]:
+        """The priority classes, highest first: the order of every per-class figure and column."""
+        return tuple(sorted(self.priorities, key=lambda name: -self.priorities[name]))
+
+    @property
     def season_buckets(self) -> int:
         return max(1, round(self.season_s / self.forecast_bucket_s))

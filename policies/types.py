@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 
@@ -62,6 +62,10 @@ class Signals:
     arrivals_total: Sample | None = None
     # Per-priority arrival rates as the admission endpoint counts them (name -> req/s), for shedding.
     arrival_rate_by_priority: Mapping[str, float] = field(default_factory=dict)
+
+
+# The measured signals, in field order: every reader of samples (the loop, recordings, sanitizing) uses this list.
+SAMPLE_SIGNALS: tuple[str, ...] = tuple(f.name for f in fields(Signals) if f.type == "Sample | None")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,5 +150,7 @@ class Decision:
     forecast_rate_per_s: float | None = None
     forecast_upper_rate_per_s: float | None = None
     lead_time_s: float | None = None
+    # True on the tick the forecaster was refitted by statsmodels (the expensive tick), for profiling.
+    refitted: bool = False
     valid: bool = True
     reasons: tuple[str, ...] = ()

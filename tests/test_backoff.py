@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from autoscaler.clock import ManualClock
 from autoscaler.errors import PermanentError, TransientError
 from autoscaler.kube.client import translate, with_backoff
 
@@ -22,38 +23,41 @@ def test_api_errors_map_to_kinds(status, cls, kind):
     assert isinstance(error, cls) and error.kind == kind and str(status) in str(error)
 
 
-def test_transient_errors_are_retried_with_growing_delays(monkeypatch):
-    sleeps, calls = [], []
+class RecordingClock(ManualClock):
+    """A manual clock whose sleeps pass at once, remembering how long each was."""
 
-    async def fake_sleep(delay):
-        sleeps.append(delay)
+    def __init__(self):
+        super().__init__()
+        self.sleeps = []
 
-    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    async def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def test_transient_errors_are_retried_with_growing_delays():
+    clock, calls = RecordingClock(), []
 
     async def flaky():
-        calls.append(1)
+        calls.append(clock.now())
         if len(calls) < 3:
             raise TransientError("503", kind="apiserver_unavailable")
         return "done"
 
-    assert asyncio.run(with_backoff(flaky, first_delay_s=0.2)) == "done"
-    assert sleeps == [0.2, 0.4] and len(calls) == 3
+    assert asyncio.run(with_backoff(flaky, clock=clock, first_delay_s=0.2)) == "done"
+    assert clock.sleeps == [0.2, 0.4] and calls == pytest.approx([0.0, 0.2, 0.6])
 
 
-def test_permanent_errors_are_not_retried_and_attempts_are_bounded(monkeypatch):
-    async def fake_sleep(delay):
-        pass
-
-    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
-    calls = []
+def test_permanent_errors_are_not_retried_and_attempts_are_bounded():
+    clock, calls = RecordingClock(), []
 
     async def forbidden():
         calls.append(1)
         raise PermanentError("403", kind="forbidden")
 
     with pytest.raises(PermanentError):
-        asyncio.run(with_backoff(forbidden))
-    assert len(calls) == 1
+        asyncio.run(with_backoff(forbidden, clock=clock))
+    assert len(calls) == 1 and clock.sleeps == []
 
     async def always_down():
         calls.append(1)
@@ -61,5 +65,5 @@ def test_permanent_errors_are_not_retried_and_attempts_are_bounded(monkeypatch):
 
     calls.clear()
     with pytest.raises(TransientError):
-        asyncio.run(with_backoff(always_down, attempts=4))
-    assert len(calls) == 4
+        asyncio.run(with_backoff(always_down, clock=clock, attempts=4, max_delay_s=0.5))
+    assert len(calls) == 4 and clock.sleeps == [0.2, 0.4, 0.5]

@@ -1,7 +1,7 @@
 """Baselines against the numbers their documentation gives."""
 
 from policies import ClusterState, Sample, Signals
-from policies.baselines import hpa, keda, kpa, oracle
+from policies.baselines import hpa, keda_prometheus, kpa, oracle
 
 
 def sig(now, *, total, ready, starting=0, spec=None):
@@ -58,11 +58,11 @@ def test_hpa_counts_unready_pods_as_idle_when_scaling_up():
 
 
 def test_keda_average_value_is_ceil_of_value_over_threshold():
-    spec = keda.keda_spec(10.0)
-    d, _ = keda.decide(spec, keda.initial_state(), sig(0.0, total=95.0, ready=5, spec=5), 0.0)
+    spec = keda_prometheus.keda_spec(10.0)
+    d, _ = keda_prometheus.decide(spec, keda_prometheus.initial_state(), sig(0.0, total=95.0, ready=5, spec=5), 0.0)
     assert d.replicas == 10 and d.reasons[0].startswith("keda:")
     # External metric ratio uses spec replicas: 5 ready of 8 wanted, value 80 -> exactly on target
-    d, _ = keda.decide(spec, keda.initial_state(), sig(0.0, total=80.0, ready=5, starting=3), 0.0)
+    d, _ = keda_prometheus.decide(spec, keda_prometheus.initial_state(), sig(0.0, total=80.0, ready=5, starting=3), 0.0)
     assert d.replicas == 8
 
 

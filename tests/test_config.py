@@ -3,7 +3,7 @@
 import pytest
 
 from autoscaler.config import Mode, load_config
-from autoscaler.policyfile import ConfigError
+from autoscaler.errors import ConfigError
 from autoscaler.presets import DCGM_HEADROOM, PRESETS, queries
 
 
@@ -19,13 +19,15 @@ BASE = "target: {namespace: llm, name: m}\nprometheus: {url: 'http://prom:9090',
 def test_environment_overrides_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOSCALER_MODE", "actuate")
     monkeypatch.setenv("AUTOSCALER_POLICY__MAX_REPLICAS", "7")
-    settings = load_config(write(tmp_path, BASE + "mode: shadow\ntick_s: 10\n"))
+    settings = load_config(write(tmp_path, BASE + "mode: shadow\npolicy: {tick_s: 10}\n"))
     assert settings.mode == Mode.actuate and settings.policy.max_replicas == 7
-    assert settings.policy.tick_s == 10 and settings.deadline_s == 8.0  # the policy follows the loop's tick
+    assert settings.tick_s == 10 and settings.deadline_s == 8.0  # the loop runs at the policy's tick
 
 
 @pytest.mark.parametrize("extra,match", [
-    ("tick_s: 0\n", r"field 'tick_s'.*greater than 0.*got 0"),
+    ("policy: {tick_s: 0}\n", r"field 'policy.tick_s'.*greater than 0.*got 0"),
+    ("tick_s: 10\n", r"field 'tick_s': set the loop's period as policy.tick_s"),
+    ("policy: {tick_s: 10}\ntick_deadline_s: 12\n", r"tick_deadline_s \(12.0\) must not exceed policy.tick_s"),
     ("model_server: llamacpp\n", r"model_server 'llamacpp' is not one of"),
     ("policy: {min_replicas: 5, max_replicas: 2}\n", r"min_replicas \(5\) must not exceed max_replicas \(2\)"),
     ("leader_election: {lease_duration_s: 5, renew_deadline_s: 10}\n", r"renew_deadline_s \(10.0\) < lease_duration_s"),

@@ -29,7 +29,6 @@ def settings_for(ns, prom, mode):
     return Settings(
         target={"namespace": ns, "name": "model"},
         mode=mode,
-        tick_s=1.0,
         http_port=free_port(),
         prometheus={"url": prom, "selector": 'namespace="llm"'},
         policy={"tick_s": 1.0, "min_replicas": 1, "max_replicas": 12, "replica_concurrency": 4,

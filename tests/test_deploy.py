@@ -111,7 +111,7 @@ async def scale_and_warm(kube, ns: str, kind: str, model: str) -> int:
     state = await reader.read(0.0)
     assert await ScaleActuator(kube, namespace=ns, kind=kind, name=model, min_replicas=1,
                                max_replicas=4).scale(state.spec_replicas + 1) is not None
-    await WarmPool(kube, namespace=ns, name=f"{model}-warm-pool", target=model,
+    await WarmPool(kube, namespace=ns, name=f"{model}-warm-pool",
                    priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
                    max_slots=2).ensure(await reader.pod_template(), 1)
     with pytest.raises(PermanentError) as err:

@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from autoscaler.board import DecisionBoard, Published
-from autoscaler.keda import externalscaler_pb2 as pb
-from autoscaler.keda import externalscaler_pb2_grpc as pb_grpc
-from autoscaler.keda.server import start
+from autoscaler.external_scaler import externalscaler_pb2 as pb
+from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.external_scaler.server import start
 from policies import Decision
 
 from loopthread import LoopThread

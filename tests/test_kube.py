@@ -140,7 +140,7 @@ def test_placeholder_copies_the_replica_shape(cluster, namespace):
 
     async def go(kube):
         reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name="model-warm")
-        pool = WarmPool(kube, namespace=ns, name="model-warm", target="model", priority_class=f"placeholder-{ns}",
+        pool = WarmPool(kube, namespace=ns, name="model-warm", priority_class=f"placeholder-{ns}",
                         pause_image="registry.k8s.io/pause:3.10", max_slots=4)
         template = await reader.pod_template()
         await pool.ensure(template, 2)
@@ -172,7 +172,7 @@ def test_warm_pool_refuses_a_deployment_it_does_not_own(cluster, namespace):
 
     async def go(kube):
         reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
-        pool = WarmPool(kube, namespace=ns, name="model-warm", target="model", priority_class="x",
+        pool = WarmPool(kube, namespace=ns, name="model-warm", priority_class="x",
                         pause_image="pause", max_slots=2)
         with pytest.raises(PermanentError, match="not ours"):
             await pool.ensure(await reader.pod_template(), 1)

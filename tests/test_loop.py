@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from autoscaler.board import DecisionBoard
+from autoscaler.clock import ManualClock
 from autoscaler.config import Settings
 from autoscaler.errors import TransientError
 from autoscaler.loop import Controller
@@ -67,27 +68,31 @@ class Events:
 
 
 def settings(mode="actuate", **policy):
-    return Settings(target={"namespace": "llm", "name": "m"}, mode=mode, tick_s=15.0,
+    return Settings(target={"namespace": "llm", "name": "m"}, mode=mode,
                     prometheus={"url": "http://prom:9090"}, policy=PolicySpec(replica_concurrency=8, **policy))
 
 
 def controller(mode="actuate", *, values=None, leader=True, replicas=2, source_kw=None, scaler_fail=None):
     cluster = Cluster(replicas)
-    clock = iter(range(1000, 100000, 15))
     c = Controller(
         settings=settings(mode), sources=[Source(values or {"arrival_rate_per_s": 80.0, "in_flight": 80.0,
                                                             "queue_depth": 0.0, "service_time_s": 1.0},
                                                  **(source_kw or {}))],
         cluster=cluster, board=DecisionBoard(), metrics=ControllerMetrics(),
         scaler=Scaler(cluster, scaler_fail), warm_pool=Warm(), events=Events(), is_leader=lambda: leader,
-        clock=lambda: float(next(clock)),
+        clock=ManualClock(1000.0),
     )
     return c, cluster
 
 
 def ticks(c, n):
+    """`n` ticks, one period apart on the controller's clock."""
     async def go():
-        return [await c.tick() for _ in range(n)]
+        decisions = []
+        for _ in range(n):
+            decisions.append(await c.tick())
+            await c.clock.advance(c.settings.tick_s)
+        return decisions
 
     return asyncio.run(go())
 
@@ -142,17 +147,24 @@ def test_apiserver_errors_are_counted_and_do_not_crash():
     assert not decision.valid and "no usable cluster state" in decision.reasons[0]
 
 
-def test_run_ticks_until_stopped():
+def test_run_ticks_once_per_period_until_stopped():
     c, _ = controller()
-    c.settings = settings().model_copy(update={"tick_s": 0.05, "policy": PolicySpec(tick_s=0.05, forecast_bucket_s=1.0)})
-    c.clock = __import__("time").time
+
+    def count():
+        return c.metrics.registry.get_sample_value("autoscaler_loop_duration_seconds_count") or 0
 
     async def go():
         stop = asyncio.Event()
         task = asyncio.create_task(c.run(stop))
-        await asyncio.sleep(0.3)
+        await c.clock.advance(0.0)
+        seen = [count()]
+        for _ in range(3):
+            await c.clock.advance(7.0)  # mid-period: no tick
+            seen.append(count())
+            await c.clock.advance(8.0)  # the period is over: one tick
+            seen.append(count())
         stop.set()
-        await asyncio.wait_for(task, 2)
+        await asyncio.wait_for(task, 2)  # stop ends the wait at once
+        return seen
 
-    asyncio.run(go())
-    assert c.metrics.registry.get_sample_value("autoscaler_loop_duration_seconds_count") >= 3
+    assert asyncio.run(go()) == [1, 1, 2, 2, 3, 3, 4]

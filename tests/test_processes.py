@@ -52,7 +52,7 @@ def target(cluster):
 def start_controller(tmp_path, name, ns, prom_url, kubeconfig):
     http = free_port()
     config = {
-        "target": {"namespace": ns, "name": "model"}, "mode": "actuate", "tick_s": 1.0, "http_port": http,
+        "target": {"namespace": ns, "name": "model"}, "mode": "actuate", "http_port": http,
         "prometheus": {"url": prom_url, "selector": 'namespace="llm"', "timeout_s": 0.5},
         "policy": {"tick_s": 1.0, "max_replicas": 12, "replica_concurrency": 4, "forecast_bucket_s": 60.0},
         "warm_pool": {"enabled": False}, "admission": {"port": free_port()},

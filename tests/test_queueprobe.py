@@ -6,6 +6,7 @@ import aiohttp
 
 from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard, Published
+from autoscaler.clock import ManualClock
 from autoscaler.signals.queueprobe import QueueProbe
 from policies import PRIORITY_CLASSES, Decision
 
@@ -27,23 +28,24 @@ def test_probe_sums_pods_drives_the_guard_and_never_reports_partial_sums():
         pods = Static({"a": f"{a}/metrics", "b": f"{b}/metrics"})
 
         async def go():
+            clock = ManualClock(100.0)
             board = DecisionBoard()
             # the last tick saw an empty queue; the burst arrived since
             decision = Decision(replicas=4, saturation_queue_depth={"sheddable": 40, "standard": 60})
             await board.publish(Published(decision, 4, 0.0, 0.0))
             async with aiohttp.ClientSession() as session:
-                probe = QueueProbe(session, pods, "vllm:num_requests_waiting", interval_s=0.2)
+                probe = QueueProbe(session, pods, "vllm:num_requests_waiting", interval_s=0.2, clock=clock)
                 unknown = probe.reading()
                 await probe.sample_once()
                 total = probe.reading().queue
                 admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p", default_class="standard",
-                                      retry_after_s=1, live_queue=probe.reading)
-                verdicts = {c: admission.decide(c) for c in PRIORITY_CLASSES}
+                                      retry_after_s=1, live_queue=probe.reading, clock=clock)
+                verdicts = {c: admission.rejection(c) for c in PRIORITY_CLASSES}
                 pods.pods["dead"] = f"http://127.0.0.1:{free_port()}/metrics"
                 probe._endpoints_at = None
                 await probe.sample_once()  # one pod unreadable: no partial sum is published
                 kept = probe.reading().queue
-                await asyncio.sleep(0.7)  # three intervals on, the last good reading is too old to use
+                await clock.advance(0.7)  # three intervals on, the last good reading is too old to use
                 return unknown, total, verdicts, kept, probe.reading()
 
         unknown, total, verdicts, kept, stale = asyncio.run(go())
@@ -59,28 +61,27 @@ def test_between_readings_the_guard_counts_its_own_admissions():
     trips mid-burst instead of at the next reading; time drains it; a new reading starts afresh."""
     with fake_model_server() as server:
         post_json(f"{server}/admin/state", {"waiting": 0, "running": 6})
-        now = [100.0]
-
         async def go():
+            clock = ManualClock(100.0)
             board = DecisionBoard()
             decision = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6},
                                 saturation_slots=8, saturation_drain_per_s=4.0)
             await board.publish(Published(decision, 1, 0.0, 0.0))
             async with aiohttp.ClientSession() as session:
                 probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
-                                   in_flight_metric="vllm:num_requests_running", clock=lambda: now[0])
+                                   in_flight_metric="vllm:num_requests_running", clock=clock)
                 await probe.sample_once()
                 reading = probe.reading()
                 admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p",
                                       default_class="standard", retry_after_s=1, live_queue=probe.reading,
-                                      clock=lambda: now[0])
-                burst = [admission.decide("sheddable") for _ in range(8)]
-                critical = admission.decide("critical")
-                standard = admission.decide("standard")
-                now[0] += 1.0  # 4 served meanwhile
-                after = admission.decide("sheddable")
+                                      clock=clock)
+                burst = [admission.rejection("sheddable") for _ in range(8)]
+                critical = admission.rejection("critical")
+                standard = admission.rejection("standard")
+                await clock.advance(1.0)  # 4 served meanwhile
+                after = admission.rejection("sheddable")
                 post_json(f"{server}/admin/state", {"waiting": 9, "running": 8})
-                now[0] += 0.1
+                await clock.advance(0.1)
                 await probe.sample_once()
                 fresh = admission.queue(decision)
                 return reading, burst, critical, standard, after, fresh

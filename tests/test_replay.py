@@ -7,7 +7,8 @@ import math
 import pytest
 
 from autoscaler.cli import main
-from autoscaler.policyfile import ConfigError, load_policy_spec
+from autoscaler.config import load_policy_spec
+from autoscaler.errors import ConfigError
 from autoscaler.replay.openloop import open_loop
 from autoscaler.replay.recording import RecordingError, read_recording
 from policies import PolicySpec
@@ -133,3 +134,44 @@ def test_cli_bad_input_exits_2_with_the_location(tmp_path, capsys):
     bad.write_text("t_s,queue_depth\n0,oops\n")
     assert main(["replay", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "bad.csv:2: field 'queue_depth'" in capsys.readouterr().err
+
+
+def test_simulated_replay_splits_demand_as_the_recording_does(tmp_path, capsys):
+    """The per-priority series decide the classes' shares tick by tick; without them every request is in
+    the default class (as the admission endpoint counts requests without a priority header)."""
+    from autoscaler.replay.simulated import class_mix
+
+    rows = _diurnal_rows(hours=0.5)
+    for i, row in enumerate(rows):
+        row["arrival_rate_critical"] = round(0.5 * row["arrival_rate_per_s"], 3) if i % 2 else 0.0
+        row["arrival_rate_standard"] = 0.0
+    _write_csv(tmp_path / "rec.csv", rows)
+    spec = PolicySpec(replica_concurrency=8)
+    recording = read_recording(tmp_path / "rec.csv")
+    mix = class_mix(recording, spec, 15.0, len(rows), "standard")
+    assert spec.classes == ("critical", "standard", "sheddable")
+    odd, even = mix[1], mix[2]
+    assert odd == pytest.approx([0.5 / 0.8, 0.0, 0.3 / 0.8], rel=1e-3) and even == pytest.approx([0.0, 0.0, 1.0])
+    plain = tmp_path / "plain.csv"
+    _write_csv(plain, [{k: v for k, v in r.items() if not k.startswith("arrival_rate_") or k == "arrival_rate_per_s"}
+                       for r in rows])
+    assert class_mix(read_recording(plain), spec, 15.0, 3, "standard").tolist() == [[0.0, 1.0, 0.0]] * 3
+    assert main(["replay", str(plain), "--mode", "simulated", "--no-plot", "--out", str(tmp_path / "s")]) == 0
+    assert "none recorded: every request counted as 'standard'" in capsys.readouterr().out
+    with pytest.raises(RecordingError, match=r"per-priority series for \['critical'.*the policy does not have"):
+        class_mix(recording, PolicySpec(priorities={"gold": 1, "bronze": -1}), 15.0, 3, "gold")
+    assert main(["replay", str(plain), "--mode", "simulated", "--default-priority", "gold", "--no-plot",
+                 "--out", str(tmp_path / "s")]) == 2
+
+
+def test_replay_writes_to_a_temporary_folder_when_the_working_directory_is_read_only(tmp_path, monkeypatch):
+    from autoscaler.replay.command import output_folder
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.chdir(locked)
+    assert output_folder(None) == __import__("pathlib").Path("replay-out")
+    # (the tests run as root, whom permissions do not stop: the check itself is made to say "read-only")
+    monkeypatch.setattr("os.access", lambda path, mode: str(path) != ".")
+    out = output_folder(None)
+    assert out.is_dir() and out.name.startswith("replay-out-") and locked not in out.parents

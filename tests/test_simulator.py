@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from loadtest.sim.cluster import ClusterModel, SimCluster
-from loadtest.sim.guard import Guard
-from loadtest.sim.rate import RateSim, _guarded_tail, tick_arrivals
-from loadtest.sim.request import RequestSim
-from loadtest.workload import RateWorkload, RequestWorkload, scaled_cv2
+from autoscaler.sim.cluster import ClusterModel, SimCluster
+from autoscaler.sim.guard import Guard
+from autoscaler.sim.rate import RateSim, _guarded_tail, tick_arrivals
+from autoscaler.sim.request import RequestSim
+from autoscaler.sim.workload import RateWorkload, RequestWorkload, scaled_cv2
 from policies.queueing import erlang_c, mean_wait
 
 
@@ -239,3 +239,35 @@ def test_arrival_seed_moves_the_draws_not_the_window_counts():
     a, b = tick_arrivals(workload, 15.0, seed=5), tick_arrivals(workload, 15.0, seed=6)
     assert not np.allclose(a, b)
     np.testing.assert_allclose(a.reshape(20, -1).sum(axis=1), b.reshape(20, -1).sum(axis=1))
+
+
+def test_the_simulators_follow_the_policys_classes():
+    """Classes come from the spec, not a fixed three: two classes with other names, in both simulators, and a
+    rate workload whose mix changes window by window (as a recording's per-priority series do)."""
+    classes = ("gold", "bronze")
+    requests = _poisson_workload(rate=50.0, service=1.0, span=120.0)
+    requests = RequestWorkload(**{**requests.__dict__, "classes": classes,
+                                  "priority": (np.arange(len(requests.priority)) % 2).astype(np.int8)})
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RequestSim(requests, concurrency=1, slo_s=2.0, tick_s=15.0)
+    for i in range(8):
+        sim.serve(i * 15.0, (i + 1) * 15.0, cluster, {"bronze": 1.0}, Guard({"gold": 0}, 10, 10.0))
+    sim.finish(120.0)
+    outcome = sim.outcome()
+    assert set(outcome["slo_attainment"]) == set(classes)
+    assert outcome["shed_by_class"]["bronze"] == 1.0 and outcome["shed_by_class"]["gold"] > 0.0
+    assert sim.signals(60.0, cluster).arrival_rate_by_priority.keys() == set(classes)
+
+    windows = 4
+    mix = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    rates = RateWorkload(
+        name="mixed", scale=1.0, window_s=60.0, rate_per_s=np.full(windows, 4.0),
+        client_rate_per_s=np.full((1, windows), 4.0), client_cv2=np.full((1, windows), 1e-6),
+        service_s=np.full(windows, 1.0), output_tokens=np.zeros(windows), priority_mix=mix,
+        span_s=windows * 60.0, classes=classes,
+    )
+    sim = RateSim(rates, concurrency=1, slo_s=2.0, tick_s=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=20, now=0.0)
+    for i in range(16):
+        sim.serve(i * 15.0, (i + 1) * 15.0, cluster, {})
+    assert sim.total == pytest.approx([480.0, 480.0])  # the windows alternate between the two classes

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from loadtest.traces import RateTrace, RequestTrace, TraceError, read_trace
-from loadtest.workload import WorkloadConfig, build
+from autoscaler.traces import RateTrace, RequestTrace, TraceError, read_trace
+from autoscaler.sim.workload import WorkloadConfig, build
 
 from helpers import BUNDLED_TRACE
 

@@ -6,29 +6,28 @@ network errors and timeouts are transient. `asyncio.CancelledError` passes throu
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from autoscaler.clock import Clock, SystemClock
 from autoscaler.errors import EdgeError, PermanentError, TransientError
+from autoscaler.times import parse_time
 
 T = TypeVar("T")
 
+# Retries of transient API errors: 5 attempts, 0.2 s doubling to at most 3 s (about 2.2 s in all), which
+# fits inside one tick's deadline at the default 15-s tick.
+BACKOFF_ATTEMPTS = 5
+BACKOFF_FIRST_DELAY_S = 0.2
+BACKOFF_MAX_DELAY_S = 3.0
 
-def micro_time(at_s: float) -> str:
-    """RFC 3339 with microseconds, as MicroTime fields require."""
-    return datetime.fromtimestamp(at_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-
-def parse_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+def object_time(value: Any) -> float | None:
+    """Unix seconds of a timestamp field of an API object (None stays None)."""
+    return None if value is None else parse_time(value)
 
 
 def translate(exc: Exception, what: str) -> EdgeError:
@@ -50,22 +49,24 @@ def translate(exc: Exception, what: str) -> EdgeError:
 
 
 class Kube:
-    """Typed API groups over one ApiClient."""
+    """Typed API groups over one ApiClient, and the clock retries wait on."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, clock: Clock | None = None) -> None:
         self.api = api
+        self.clock = clock or SystemClock()
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None) -> "Kube":
+    async def connect(cls, kubeconfig: str | None = None, clock: Clock | None = None) -> "Kube":
         configuration = client.Configuration()
         if kubeconfig:
             await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration=configuration))
+        return cls(client.ApiClient(configuration=configuration), clock)
 
     async def call(self, what: str, fn: Callable[..., Awaitable[T]], *args, **kwargs) -> T:
         try:
@@ -79,9 +80,9 @@ class Kube:
         await self.api.close()
 
 
-async def with_backoff(fn: Callable[[], Awaitable[T]], *, attempts: int = 5, first_delay_s: float = 0.2,
-                       max_delay_s: float = 3.0) -> T:
-    """Retry only transient errors, doubling the delay; the last error is raised."""
+async def with_backoff(fn: Callable[[], Awaitable[T]], *, clock: Clock, attempts: int = BACKOFF_ATTEMPTS,
+                       first_delay_s: float = BACKOFF_FIRST_DELAY_S, max_delay_s: float = BACKOFF_MAX_DELAY_S) -> T:
+    """Retry only transient errors, doubling the delay (waited on `clock`); the last error is raised."""
     delay = first_delay_s
     for attempt in range(attempts):
         try:
@@ -89,6 +90,6 @@ async def with_backoff(fn: Callable[[], Awaitable[T]], *, attempts: int = 5, fir
         except TransientError:
             if attempt == attempts - 1:
                 raise
-            await asyncio.sleep(delay)
+            await clock.sleep(delay)
             delay = min(max_delay_s, delay * 2)
     raise AssertionError("unreachable")

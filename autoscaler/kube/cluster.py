@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from autoscaler.kube.client import Kube, parse_time
+from autoscaler.kube.client import Kube, object_time
 from policies.types import ClusterState
 
 
@@ -58,8 +58,8 @@ class ClusterReader:
             ready_c = conditions.get("Ready")
             if ready_c is not None and ready_c.status == "True" and uid not in self._reported:
                 self._reported.add(uid)
-                created = parse_time(pod.metadata.creation_timestamp)
-                became = parse_time(ready_c.last_transition_time)
+                created = object_time(pod.metadata.creation_timestamp)
+                became = object_time(ready_c.last_transition_time)
                 # Pods already Ready at the first read started before we watched: no duration to learn.
                 if not self._first_read and created is not None and became is not None and became >= created:
                     durations.append(became - created)

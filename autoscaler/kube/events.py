@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from datetime import datetime, timezone
-
 from autoscaler.kube.client import Kube
+from autoscaler.times import rfc3339
 
 COMPONENT = "inference-autoscaler"
 
@@ -17,7 +16,7 @@ class EventRecorder:
         self.namespace, self.kind, self.name, self.instance = namespace, kind, name, instance
 
     async def scaled(self, *, before: int, after: int, reasons: tuple[str, ...], now: float) -> None:
-        stamp = datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(now)
         message = f"Scaled {before} -> {after}: " + "; ".join(reasons)
         body = {
             "apiVersion": "v1",

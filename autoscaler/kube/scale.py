@@ -42,4 +42,4 @@ class ScaleActuator:
             await self.kube.call(f"scale {where} to {wanted}", self._replace, self.name, self.namespace, body)
             return before, wanted
 
-        return await with_backoff(attempt)
+        return await with_backoff(attempt, clock=self.kube.clock)

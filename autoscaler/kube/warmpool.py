@@ -18,7 +18,7 @@ def _extended(resources: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (resources or {}).items() if not k.startswith(NATIVE)}
 
 
-def placeholder_spec(template, *, name: str, target: str, priority_class: str, pause_image: str,
+def placeholder_spec(template, *, name: str, priority_class: str, pause_image: str,
                      serialize=lambda obj: obj) -> dict:
     """The placeholder Deployment for a target pod template (a V1PodTemplateSpec)."""
     spec = template.spec
@@ -63,15 +63,15 @@ def placeholder_spec(template, *, name: str, target: str, priority_class: str, p
 
 
 class WarmPool:
-    def __init__(self, kube: Kube, *, namespace: str, name: str, target: str, priority_class: str,
+    def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
                  pause_image: str, max_slots: int) -> None:
         self.kube = kube
-        self.namespace, self.name, self.target = namespace, name, target
+        self.namespace, self.name = namespace, name
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
 
     async def ensure(self, template, slots: int) -> None:
         """Create or update the placeholder Deployment with `slots` replicas (clamped to max_slots)."""
-        body = placeholder_spec(template, name=self.name, target=self.target, priority_class=self.priority_class,
+        body = placeholder_spec(template, name=self.name, priority_class=self.priority_class,
                                 pause_image=self.pause_image, serialize=self.kube.api.sanitize_for_serialization)
         body["metadata"]["namespace"] = self.namespace
         body["spec"]["replicas"] = max(0, min(self.max_slots, slots))
@@ -95,4 +95,4 @@ class WarmPool:
             await self.kube.call(f"update warm pool {self.name}", apps.replace_namespaced_deployment,
                                  self.name, self.namespace, body)
 
-        await with_backoff(attempt)
+        await with_backoff(attempt, clock=self.kube.clock)

@@ -21,30 +21,17 @@ import csv
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from loadtest.traces import iter_json_objects
-from policies.types import ClusterState, Sample, Signals
+from autoscaler.errors import RecordingError
+from autoscaler.times import parse_time
+from autoscaler.traces import iter_json_objects
+from policies.types import SAMPLE_SIGNALS, ClusterState, Sample, Signals
 
-SAMPLE_FIELDS = (
-    "queue_depth",
-    "in_flight",
-    "p99_latency_s",
-    "gpu_memory_headroom_ratio",
-    "token_rate_per_s",
-    "arrival_rate_per_s",
-    "service_time_s",
-    "arrivals_total",
-)
 CLUSTER_FIELDS = ("spec_replicas", "ready_replicas", "starting_replicas", "warm_slots_ready", "unschedulable_pods")
 PRIORITY_PREFIX = "arrival_rate_"  # arrival_rate_<priority>, e.g. arrival_rate_sheddable
-KNOWN = set(SAMPLE_FIELDS) | set(CLUSTER_FIELDS)
+KNOWN = set(SAMPLE_SIGNALS) | set(CLUSTER_FIELDS)
 _COMBINE = {"p99_latency_s": max, "gpu_memory_headroom_ratio": min, "service_time_s": lambda v: sum(v) / len(v)}
-
-
-class RecordingError(ValueError):
-    """A recording that cannot be replayed; the message names file, line or series, and field."""
 
 
 @dataclass
@@ -80,7 +67,7 @@ class Recording:
         return Sample(values[i], times[i]) if i >= 0 else None
 
     def signals_at(self, t: float) -> Signals:
-        samples = {name: self.latest(name, t) for name in SAMPLE_FIELDS}
+        samples = {name: self.latest(name, t) for name in SAMPLE_SIGNALS}
         cluster = None
         spec = self.latest("spec_replicas", t)
         if spec is not None and math.isfinite(spec.value):
@@ -97,13 +84,21 @@ class Recording:
                 unschedulable_pods=count("unschedulable_pods"),
                 at_s=spec.at_s,
             )
-        by_priority = {}
-        for name in self.series:
-            if name.startswith(PRIORITY_PREFIX) and name not in KNOWN:
-                s = self.latest(name, t)
-                if s is not None and math.isfinite(s.value):
-                    by_priority[name[len(PRIORITY_PREFIX):]] = s.value
-        return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
+        return Signals(cluster=cluster, arrival_rate_by_priority=self.by_priority(t), **samples)
+
+    def priorities(self) -> list[str]:
+        """The classes with a per-priority arrival series (`arrival_rate_<class>`)."""
+        return [name[len(PRIORITY_PREFIX):] for name in self.series
+                if name.startswith(PRIORITY_PREFIX) and name not in KNOWN]
+
+    def by_priority(self, t: float) -> dict[str, float]:
+        """The latest finite per-priority arrival rates at `t`."""
+        rates = {}
+        for name in self.priorities():
+            s = self.latest(PRIORITY_PREFIX + name, t)
+            if s is not None and math.isfinite(s.value):
+                rates[name] = s.value
+        return rates
 
 
 def _check_name(name: str, where: str) -> None:
@@ -123,21 +118,10 @@ def _float(text, where: str, field: str) -> float | None:
 
 
 def _time(text, where: str, field: str) -> float:
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    if isinstance(text, str):
-        try:
-            return float(text)
-        except ValueError:
-            pass
-        try:
-            stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise RecordingError(f"{where}: field {field!r}: not seconds or ISO 8601: {text!r}") from None
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=timezone.utc)
-        return stamp.timestamp()
-    raise RecordingError(f"{where}: field {field!r}: missing or not a time: {text!r}")
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise RecordingError(f"{where}: field {field!r}: {exc}") from None
 
 
 def _from_rows(source: str, rows) -> Recording:

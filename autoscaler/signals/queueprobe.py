@@ -11,27 +11,30 @@ pod list is refreshed every `refresh_s`.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import aiohttp
 
+from autoscaler.clock import Clock
 from autoscaler.errors import EdgeError
 from autoscaler.signals.scrape import PodEndpoints, fetch_metrics
+
+
+# A reading more than three intervals old (three probes missed in a row) is no longer the live queue.
+STALE_INTERVALS = 3
 
 
 @dataclass(frozen=True)
 class QueueReading:
     queue: float  # waiting requests, all pods
     in_flight: float | None  # running requests, all pods (None: the server exports no such gauge)
-    at: float  # when it was read, on the probe's clock
+    at: float  # when it was read, on the controller's clock
 
 
 class QueueProbe:
     def __init__(self, session: aiohttp.ClientSession, pods: PodEndpoints, metric: str, *, interval_s: float = 1.0,
                  timeout_s: float = 0.5, refresh_s: float = 15.0, in_flight_metric: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock) -> None:
         self.session, self.pods, self.metric, self.in_flight_metric = session, pods, metric, in_flight_metric
         self.interval, self.refresh = interval_s, refresh_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -41,12 +44,12 @@ class QueueProbe:
         self._endpoints_at: float | None = None
 
     def reading(self) -> QueueReading | None:
-        if self._reading is None or self.clock() - self._reading.at > 3 * self.interval:
+        if self._reading is None or self.clock.now() - self._reading.at > STALE_INTERVALS * self.interval:
             return None
         return self._reading
 
     async def sample_once(self) -> None:
-        now = self.clock()
+        now = self.clock.now()
         if self._endpoints_at is None or now - self._endpoints_at >= self.refresh:
             try:
                 self._endpoints = await self.pods.endpoints()
@@ -70,12 +73,9 @@ class QueueProbe:
             if running is not None:
                 value = reading.get(self.in_flight_metric)
                 running = running + value if value is not None else None  # a pod without it: unknown
-        self._reading = QueueReading(total, running, self.clock())
+        self._reading = QueueReading(total, running, self.clock.now())
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.sample_once()
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await self.clock.wait(stop, self.interval)

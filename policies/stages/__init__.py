@@ -1,4 +1,4 @@
-"""The predictive policy as a pipeline of small pure stages (DESIGN.md, "The policy, stage by stage").
+"""The predictive policy as a pipeline of small pure stages (README, "How the policy decides").
 
 Each stage takes plain values and returns plain values plus the reasons it changed the outcome; the engine
 (`policies.engine.decide`) only wires them together."""

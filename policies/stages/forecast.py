@@ -46,6 +46,11 @@ _OUTAGE_MAX_SHARE = 0.01
 _LEVEL_ALPHA = 0.5
 _MAX_RATIO = 50.0
 _MIN_RATIOS = 8
+# A ratio observed / expected is taken against at least 2 % of the recent peak bucket (the last hour of
+# 5-min buckets): after a quiet night a model that expects ~0 would turn a few requests into a ratio of
+# thousands, and the burst envelope would multiply the morning's forecast by it.
+_RATIO_FLOOR_OF_PEAK = 0.02
+_RATIO_FLOOR_BUCKETS = 12
 
 
 def _step(fs: ForecastState, y: float) -> ForecastState:
@@ -164,7 +169,7 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
     if fs.kind != "none":
         expected = point(fs, 1)
         if expected > 0 or rate > 0:
-            floor = 0.02 * max(fs.history[-12:], default=0.0)
+            floor = _RATIO_FLOOR_OF_PEAK * max(fs.history[-_RATIO_FLOOR_BUCKETS:], default=0.0)
             ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
             ratios = (ratios + (ratio,))[-_kept(spec):]
     rates = (fs.rates + (rate,))[-_kept(spec):]

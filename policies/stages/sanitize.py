@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 
 from policies.spec import PolicySpec
-from policies.types import Clean, Sample, Signals
+from policies.types import SAMPLE_SIGNALS, Clean, Sample, Signals
 
-_FIELDS = (
-    "queue_depth", "in_flight", "p99_latency_s", "gpu_memory_headroom_ratio", "token_rate_per_s", "service_time_s"
-)
+# The samples cleaned one by one; the arrival rate and the counter are combined below.
+_FIELDS = tuple(name for name in SAMPLE_SIGNALS if name not in ("arrival_rate_per_s", "arrivals_total"))
 
 
 def _value(
@@ -50,7 +49,7 @@ def counter_rate(
     return (counter.value - last[0]) / (counter.at_s - last[1]), current
 
 
-TRACKED = _FIELDS + ("arrival_rate_per_s", "arrivals_total", "cluster")
+TRACKED = SAMPLE_SIGNALS + ("cluster",)
 # Signals whose loss hides demand: while one of them is dropped the policy never scales down. The others
 # (p99, memory headroom, tokens, service time) are dropped and named but do not block: a latency histogram
 # is legitimately NaN when nothing completed in the window, i.e. whenever traffic is idle.

@@ -38,16 +38,6 @@ def saturation_depths(spec: PolicySpec, ready_replicas: int, service_s: float) -
     return depths
 
 
-def carried_queue(
-    *, queue: float, in_flight: float | None, admitted: float, slots: int, drain_per_s: float, elapsed_s: float
-) -> float:
-    """The queue `elapsed_s` after a reading of `queue` waiting and `in_flight` running, given the
-    `admitted` requests since: those that fit in the slots free at the reading, or that the slots served
-    meanwhile (`drain_per_s`), did not queue; the rest did. Unknown in-flight counts no free slot."""
-    free = max(0.0, slots - in_flight) if in_flight is not None else 0.0
-    return queue + max(0.0, admitted - free - drain_per_s * max(0.0, elapsed_s))
-
-
 def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[str, float], list[str]]:
     sheddable = sorted(
         (p, name) for name, p in spec.priorities.items() if p < spec.shed_priority_below

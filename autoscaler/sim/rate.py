@@ -32,9 +32,9 @@ from collections import deque
 
 import numpy as np
 
-from loadtest.sim.cluster import SimCluster
-from loadtest.sim.guard import Guard
-from loadtest.workload import CLASSES, RateWorkload
+from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.guard import Guard
+from autoscaler.sim.workload import RateWorkload
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
 
@@ -121,15 +121,14 @@ class RateSim:
         self.slo_s = slo_s
         self.tick_s = tick_s
         self.arrivals = tick_arrivals(workload, tick_s, seed)
-        mix = np.array(workload.priority_mix, dtype=float)
-        self.mix = mix / mix.sum()
+        self.classes = workload.classes
         self.backlog = 0.0
         self.c_eff = 0.0  # P(wait) of the queueing component, relaxing towards Erlang C
         self.recent: deque[tuple[float, np.ndarray, float]] = deque()  # (time, arrivals by class, tokens)
         self.last = (0.0, 0.0, 0.0)  # queue, in-flight, p99
-        self.total = np.zeros(len(CLASSES))
-        self.met = np.zeros(len(CLASSES))
-        self.shed = np.zeros(len(CLASSES))
+        self.total = np.zeros(len(self.classes))
+        self.met = np.zeros(len(self.classes))
+        self.shed = np.zeros(len(self.classes))
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
 
     def _window(self, t: float) -> int:
@@ -141,7 +140,7 @@ class RateSim:
         while self.recent and now - self.recent[0][0] > RATE_WINDOW_S:
             self.recent.popleft()
         span = min(RATE_WINDOW_S, max(len(self.recent) * self.tick_s, self.tick_s))
-        by_class = self.recent[-1][1] / self.tick_s if self.recent else np.zeros(len(CLASSES))
+        by_class = self.recent[-1][1] / self.tick_s if self.recent else np.zeros(len(self.classes))
         tokens = sum(t for _, _, t in self.recent) / span
         queue, in_flight, p99 = self.last
         state = cluster.state()
@@ -155,7 +154,7 @@ class RateSim:
             token_rate_per_s=Sample(tokens, now),
             arrival_rate_per_s=Sample(float(by_class.sum()), now),
             service_time_s=Sample(float(self.w.service_s[self._window(now - self.tick_s)]), now),
-            arrival_rate_by_priority={c: float(by_class[i]) for i, c in enumerate(CLASSES)},
+            arrival_rate_by_priority={c: float(by_class[i]) for i, c in enumerate(self.classes)},
         )
 
     def serve(
@@ -165,15 +164,15 @@ class RateSim:
         win = self._window(start)
         service = float(self.w.service_s[win])
         arrivals = float(self.arrivals[min(len(self.arrivals) - 1, int(round(start / self.tick_s)))])
-        by_class = arrivals * self.mix
-        levels = np.array([shed.get(c, 0.0) for c in CLASSES])
+        by_class = arrivals * self.w.shares(win)
+        levels = np.array([shed.get(c, 0.0) for c in self.classes])
         shed_now = by_class * levels
         offered_by_class = by_class - shed_now
         self.recent.append((end, by_class, arrivals * float(self.w.output_tokens[win])))
 
         slots = cluster.ready(start + dt / 2) * self.k
         mu = slots / service  # requests/s the ready slots complete
-        depth = np.array((guard or Guard()).depths())
+        depth = np.array((guard or Guard()).depths(self.classes))
         admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
         shed_now += rejected
         admitted = float(admitted_by_class.sum())
@@ -204,8 +203,8 @@ class RateSim:
             q_slo = theta * self.slo_s / -math.log(rho) if 0.0 < rho < 1.0 else 0.0
             no_backlog = np.where(guarded, 1.0 - reject, 1.0 - tail(q_slo))
         else:
-            reject = np.zeros(len(CLASSES))
-        met = np.zeros(len(CLASSES))
+            reject = np.zeros(len(self.classes))
+        met = np.zeros(len(self.classes))
         for amount, w in waits:
             if w <= 0.0:
                 met += amount * no_backlog
@@ -281,7 +280,7 @@ class RateSim:
 
     def outcome(self) -> dict:
         attainment, shed_by_class = {}, {}
-        for i, name in enumerate(CLASSES):
+        for i, name in enumerate(self.classes):
             total = self.total[i]
             attainment[name] = float(self.met[i] / total) if total > 0 else 1.0
             shed_by_class[name] = float(self.shed[i] / total) if total > 0 else 0.0

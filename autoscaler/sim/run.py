@@ -15,12 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from loadtest.sim.cluster import ClusterModel, Costs, SimCluster
-from loadtest.sim.guard import Guard
-from loadtest.sim.rate import RateSim, tick_arrivals
-from loadtest.sim.request import RequestSim
-from loadtest.workload import CLASSES, RateWorkload, RequestWorkload, ServerModel
-from policies.engine import REFIT_REASON
+from autoscaler.sim.cluster import ClusterModel, Costs, SimCluster
+from autoscaler.sim.guard import Guard
+from autoscaler.sim.rate import RateSim, tick_arrivals
+from autoscaler.sim.request import RequestSim
+from autoscaler.sim.workload import RateWorkload, RequestWorkload, ServerModel
+from autoscaler.timeline import timeline_row
 from policies import PolicySpec
 from policies.queueing import servers_for
 
@@ -57,10 +57,6 @@ class RunResult:
     decide_s: list[float]
     refit: list[bool]
     timeline: list[dict]
-
-
-def _value(sample) -> float | str:
-    return round(sample.value, 3) if sample is not None else ""
 
 
 def sim_config_for(spec: PolicySpec) -> SimConfig:
@@ -149,30 +145,17 @@ def run(
         t0 = time.perf_counter()
         decision, state = policy.decide(policy.spec, state, signals, now)
         decide_s.append(time.perf_counter() - t0)
-        refit.append(any(r.startswith(REFIT_REASON) for r in decision.reasons))
+        refit.append(decision.refitted)
         if decision.valid:
             cluster.scale_to(decision.replicas)
             cluster.warm_to(decision.warm_slots)
             shed = dict(decision.shed)
             guard = Guard.of(decision)
         if keep_timeline:
-            timeline.append(
-                {
-                    "t_s": now,
-                    "arrival_rate_per_s": _value(signals.arrival_rate_per_s),
-                    "forecast_upper_per_s": (
-                        round(decision.forecast_upper_rate_per_s, 3)
-                        if decision.forecast_upper_rate_per_s is not None else ""
-                    ),
-                    "replicas": len(cluster.pods),
-                    "ready": signals.cluster.ready_replicas,
-                    "warm_slots": len(cluster.warm_ready) + len(cluster.warm_pending),
-                    "queue": _value(signals.queue_depth),
-                    "p99_wait_s": _value(signals.p99_latency_s),
-                    **{f"shed_{c}": shed.get(c, 0.0) for c in CLASSES},
-                    "reasons": " | ".join(decision.reasons),
-                }
-            )
+            timeline.append(timeline_row(
+                now, signals, decision, replicas=len(cluster.pods),
+                warm_slots=len(cluster.warm_ready) + len(cluster.warm_pending), shed=shed, classes=workload.classes,
+            ))
         sim.serve(now, now + config.tick_s, cluster, shed, guard)
         if progress is not None:
             progress(1)

@@ -14,8 +14,12 @@ import asyncio
 import grpc
 
 from autoscaler.board import DecisionBoard
-from autoscaler.keda import externalscaler_pb2 as pb
-from autoscaler.keda import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.external_scaler import externalscaler_pb2 as pb
+from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
+
+# StreamIsActive re-checks at least this often even when no decision changed: a keep-alive that lets a
+# stream whose client went away be noticed and closed (KEDA reconnects on its own).
+STREAM_RECHECK_S = 30.0
 
 
 class ExternalScaler(pb_grpc.ExternalScalerServicer):
@@ -51,7 +55,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             if active != last:
                 yield pb.IsActiveResponse(result=active)
                 last = active
-            await self.board.wait_change(timeout_s=30.0)
+            await self.board.wait_change(timeout_s=STREAM_RECHECK_S)
 
     def _spec(self) -> pb.GetMetricSpecResponse:
         return pb.GetMetricSpecResponse(

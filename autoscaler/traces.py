@@ -23,10 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names file, line and field."""
-
+from autoscaler.errors import TraceError
 
 @dataclass(frozen=True)
 class RequestTrace:

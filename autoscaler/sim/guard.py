@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from loadtest.workload import CLASSES
 from policies.types import Decision
 
 
@@ -20,6 +19,6 @@ class Guard:
     def of(cls, decision: Decision) -> "Guard":
         return cls(dict(decision.saturation_queue_depth), decision.saturation_slots, decision.saturation_drain_per_s)
 
-    def depths(self) -> list[float]:
-        """Per class index; infinite for a class never guarded."""
-        return [float(self.depth.get(c, math.inf)) for c in CLASSES]
+    def depths(self, classes: tuple[str, ...]) -> list[float]:
+        """Per class, in the order given; infinite for a class never guarded."""
+        return [float(self.depth.get(c, math.inf)) for c in classes]

@@ -10,7 +10,10 @@ are scaled up by superposing copies shifted by up to `copy_shift_s` (which keeps
 shape), the last copy thinned to the fractional part; rate traces multiply their rates (thinning below 1,
 which makes each client's counts less dispersed: `scaled_cv2`).
 
-Priorities are assigned deterministically from a per-request hash, by a configurable mix.
+Priorities: the classes are the policy's (`PolicySpec.priorities`, highest first); each request gets one
+deterministically from a per-request hash, by a configurable mix of shares (the benchmark's default
+20 % / 50 % / 30 % of critical / standard / sheddable). A rate workload may instead carry a mix per window
+(a recording's per-priority arrival rates).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadtest.traces import RateTrace, RequestTrace
+from autoscaler.traces import RateTrace, RequestTrace
+from policies import PolicySpec
 
-CLASSES = ("critical", "standard", "sheddable")
+CLASSES = PolicySpec().classes  # the policy's default classes, highest priority first
+DEFAULT_MIX = (0.2, 0.5, 0.3)  # the benchmark's shares of critical, standard, sheddable
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,8 @@ class WorkloadConfig:
     peak_utilization: float = 0.85
     scale: float | None = None  # explicit factor; overrides peak_replicas
     copy_shift_s: float = 30.0
-    priority_mix: tuple[float, float, float] = (0.2, 0.5, 0.3)  # critical, standard, sheddable
+    classes: tuple[str, ...] = CLASSES  # highest priority first
+    priority_mix: tuple[float, ...] = DEFAULT_MIX  # a share per class, in the same order
     seed: int = 1
     server: ServerModel = field(default_factory=ServerModel)
 
@@ -55,9 +61,10 @@ class RequestWorkload:
     arrival_s: np.ndarray
     service_s: np.ndarray
     output_tokens: np.ndarray
-    priority: np.ndarray  # index into CLASSES
+    priority: np.ndarray  # index into `classes`
     uniform: np.ndarray  # per-request U(0,1) for deterministic shedding
     span_s: float
+    classes: tuple[str, ...] = CLASSES
 
 
 @dataclass(frozen=True)
@@ -70,20 +77,32 @@ class RateWorkload:
     client_cv2: np.ndarray
     service_s: np.ndarray  # mean per window
     output_tokens: np.ndarray
-    priority_mix: tuple[float, float, float]
+    priority_mix: np.ndarray  # shares per class (classes,), or per window (windows x classes)
     span_s: float
+    classes: tuple[str, ...] = CLASSES
+
+    def shares(self, window: int) -> np.ndarray:
+        """The classes' shares of the window's arrivals (summing to 1)."""
+        mix = np.asarray(self.priority_mix, dtype=float)
+        mix = mix if mix.ndim == 1 else mix[window]
+        return mix / mix.sum()
 
 
-def _priorities(count: int, mix: tuple[float, float, float], seed: int) -> tuple[np.ndarray, np.ndarray]:
+def check_mix(classes: tuple[str, ...], mix: tuple[float, ...]) -> None:
+    if len(mix) != len(classes):
+        raise ValueError(f"priority_mix needs one share per class {list(classes)}, got {list(mix)}")
+    if sum(mix) <= 0 or min(mix) < 0:
+        raise ValueError(f"priority_mix must be non-negative with a positive sum, got {list(mix)}")
+
+
+def _priorities(count: int, mix: tuple[float, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
     total = sum(mix)
-    if total <= 0 or min(mix) < 0:
-        raise ValueError(f"priority_mix must be non-negative with a positive sum, got {mix}")
     # A multiplicative hash of the request index: the same request always gets the same class.
     index = np.arange(count, dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B9)
     hashed = (index * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(11)
     u_class = hashed.astype(np.float64) / float(1 << 53)
     bounds = np.cumsum(np.array(mix) / total)
-    priority = np.searchsorted(bounds, u_class, side="right").clip(0, 2).astype(np.int8)
+    priority = np.searchsorted(bounds, u_class, side="right").clip(0, len(mix) - 1).astype(np.int8)
     rng = np.random.default_rng(seed + 7)
     return priority, rng.random(count)
 
@@ -95,6 +114,7 @@ def _peak_busy_slots(arrival: np.ndarray, service: np.ndarray, span: float) -> f
 
 
 def request_workload(trace: RequestTrace, config: WorkloadConfig) -> RequestWorkload:
+    check_mix(config.classes, config.priority_mix)
     server = config.server
     service = server.service_s(trace.input_tokens, trace.output_tokens)
     span = max(trace.span_s, 1.0)
@@ -120,10 +140,12 @@ def request_workload(trace: RequestTrace, config: WorkloadConfig) -> RequestWork
     return RequestWorkload(
         name=trace.name, scale=scale, arrival_s=arrival[order], service_s=np.concatenate(services)[order],
         output_tokens=np.concatenate(outputs)[order], priority=priority, uniform=uniform, span_s=span,
+        classes=config.classes,
     )
 
 
 def rate_workload(trace: RateTrace, config: WorkloadConfig) -> RateWorkload:
+    check_mix(config.classes, config.priority_mix)
     server = config.server
     tok_in = np.where(np.isfinite(trace.input_tokens), trace.input_tokens, server.default_input_tokens)
     tok_out = np.where(np.isfinite(trace.output_tokens), trace.output_tokens, server.default_output_tokens)
@@ -136,7 +158,8 @@ def rate_workload(trace: RateTrace, config: WorkloadConfig) -> RateWorkload:
     return RateWorkload(
         name=trace.name, scale=scale, window_s=trace.window_s, rate_per_s=trace.rate_per_s * scale,
         client_rate_per_s=trace.client_rate_per_s * scale, client_cv2=scaled_cv2(trace.client_cv2, scale),
-        service_s=service, output_tokens=tok_out, priority_mix=config.priority_mix, span_s=trace.span_s,
+        service_s=service, output_tokens=tok_out, priority_mix=np.array(config.priority_mix, dtype=float),
+        span_s=trace.span_s, classes=config.classes,
     )
 
 

@@ -22,10 +22,10 @@ from collections import deque
 
 import numpy as np
 
-from loadtest.sim.cluster import SimCluster
-from loadtest.sim.guard import Guard
-from loadtest.workload import CLASSES, RequestWorkload
-from policies.stages.shedding import carried_queue
+from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.guard import Guard
+from autoscaler.sim.workload import RequestWorkload
+from policies.admission import carried_queue
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
@@ -57,8 +57,9 @@ class RequestSim:
         self._busy = 0
         self._queue: deque[int] = deque()
         self._heap: list[float] = []
-        onehot = np.zeros((len(CLASSES), n + 1))
-        for c in range(len(CLASSES)):
+        self.classes = workload.classes
+        onehot = np.zeros((len(self.classes), n + 1))
+        for c in range(len(self.classes)):
             onehot[c, 1:] = np.cumsum(workload.priority == c)
         self._cum_class = onehot
         self._cum_tokens = np.concatenate([[0.0], np.cumsum(workload.output_tokens)])
@@ -72,7 +73,7 @@ class RequestSim:
         window = min(RATE_WINDOW_S, max(now, 1e-9))
         tick = min(self.tick_s, max(now, 1e-9))
         cum = self._cum_class
-        by_class = {c: float(cum[i, hi] - cum[i, tick_lo]) / tick for i, c in enumerate(CLASSES)}
+        by_class = {c: float(cum[i, hi] - cum[i, tick_lo]) / tick for i, c in enumerate(self.classes)}
         waits = self.wait[lo:hi]
         pending = np.isnan(waits) & ~self.shed[lo:hi]
         waits = np.where(pending, now - arr[lo:hi], waits)
@@ -104,10 +105,10 @@ class RequestSim:
         arr, svc, prio, u = self._arr, self._svc, self._prio, self._u
         wait, shed_out = self.wait, self.shed
         heap, queue = self._heap, self._queue
-        levels = [float(shed.get(c, 0.0)) for c in CLASSES]
+        levels = [float(shed.get(c, 0.0)) for c in self.classes]
         any_shed = any(levels)
         guard = guard or Guard()
-        depth = guard.depths()
+        depth = guard.depths(self.classes)
         k = self.k
         cap = cluster.ready(start) * k
         ready_events = deque(sorted(cluster.ready_times_between(start, end)))
@@ -177,7 +178,7 @@ class RequestSim:
     def outcome(self) -> dict:
         met = (self.wait <= self.slo_s) & ~self.shed
         attainment, shed_by_class = {}, {}
-        for c, name in enumerate(CLASSES):
+        for c, name in enumerate(self.classes):
             mask = self.w.priority == c
             count = int(mask.sum())
             attainment[name] = float(met[mask].sum() / count) if count else 1.0

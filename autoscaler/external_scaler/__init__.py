@@ -1,0 +1,1 @@
+"""The KEDA external scaler: a gRPC server (package `externalscaler`) publishing the decided replicas."""

@@ -1,0 +1,140 @@
+"""`autoscaler replay`: the dry run, from the command line.
+
+A recording (CSV, JSONL or Prometheus query_range export) is replayed open loop (the decisions, tick by
+tick) or simulated (the policy driving the simulated cluster on the recorded demand, against what actually
+ran); a trace is replayed on the simulated cluster. Either way the output is a timeline CSV and PNG in
+`--out`: the working directory's `replay-out` by default, or a fresh temporary folder when the working
+directory cannot be written (a read-only container)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from autoscaler.config import load_policy_spec
+from autoscaler.errors import ConfigError
+from autoscaler.replay.output import write_csv, write_plot
+from autoscaler.replay.recording import read_recording
+from policies import PolicySpec
+
+DEFAULT_OUT = "replay-out"
+
+
+def _progress(total: int, label: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=label, unit="tick", disable=None, leave=False, mininterval=0.5)
+    return bar, bar.update
+
+
+def output_folder(requested: str | None) -> Path:
+    """`--out`, else ./replay-out, else (the working directory is read-only) a new temporary folder."""
+    if requested is not None:
+        out = Path(requested)
+    elif os.access(".", os.W_OK):
+        out = Path(DEFAULT_OUT)
+    else:
+        out = Path(tempfile.mkdtemp(prefix="replay-out-"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the output folder: {exc.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out {out}: not writable")
+    return out
+
+
+def _write(out: Path, rows: list[dict], *, title: str, plot: bool) -> None:
+    write_csv(out / "timeline.csv", rows)
+    if plot:
+        write_plot(out / "timeline.png", rows, title=title)
+    print(f"wrote {out / 'timeline.csv'}" + (f" and {out / 'timeline.png'}" if plot else ""))
+
+
+def replay(args: argparse.Namespace) -> int:
+    spec = load_policy_spec(args.policy, tick_s=args.tick_s)
+    out = output_folder(args.out)
+    if args.format == "trace":
+        return _replay_trace(args, spec, out)
+    recording = read_recording(args.input, args.format)
+    step = recording.step_s()
+    ticks = int((recording.end_s - recording.start_s) // spec.tick_s) + 1
+    print(
+        f"recording {recording.source}: {len(recording.series)} signals, "
+        f"{(recording.end_s - recording.start_s) / 3600:.2f} h, sampled every {step:.0f} s; "
+        f"{ticks} ticks of {spec.tick_s:.0f} s"
+    )
+    if args.mode == "open-loop":
+        from autoscaler.replay.openloop import open_loop
+
+        bar, update = _progress(ticks, "replay")
+        rows = open_loop(recording, spec, progress=update)
+        bar.close()
+        valid = sum(1 for r in rows if r["valid"])
+        changes = sum(1 for a, b in zip(rows, rows[1:]) if a["replicas"] != b["replicas"])
+        print(f"{len(rows)} decisions, {valid} valid, {len(rows) - valid} held; {changes} replica changes")
+        print(f"replicas decided: min {min(r['replicas'] for r in rows)}, max {max(r['replicas'] for r in rows)}")
+    else:
+        from autoscaler.replay.simulated import simulate
+
+        bar, update = _progress(ticks, "simulate")
+        ours, actual, info = simulate(recording, spec, default_class=args.default_priority, progress=update)
+        bar.close()
+        print(f"demand reconstructed for {info['ticks']} ticks ({info['demand_gaps']} gaps filled), "
+              f"service time {info['service_time_s']} s; priorities: {info['priorities']}")
+        for name, result in (("predictive", ours), ("recorded", actual)):
+            if result is None:
+                continue
+            print(f"{name:<11} {_summary(result, spec)} | actions {result.scaling_actions}")
+        rows = ours.timeline
+        if actual is not None:
+            recorded = {r["t_s"]: r["replicas"] for r in actual.timeline}
+            rows = [dict(r, recorded_replicas=recorded.get(r["t_s"], "")) for r in rows]
+    _write(out, rows, title=f"{args.mode} replay of {Path(args.input).name}", plot=not args.no_plot)
+    return 0
+
+
+def _summary(result, spec: PolicySpec) -> str:
+    attainment = result.outcome["slo_attainment"]
+    per_class = " ".join(f"{name} {attainment[name]:.3%}" for name in spec.classes)
+    return (f"SLO {per_class} | p99 wait {result.outcome['p99_queue_wait_s']:.2f} s | "
+            f"GPU-h {result.costs.total_gpu_hours:.2f} | shed {result.outcome['shed_fraction']:.2%}")
+
+
+def _mix(text: str | None, classes: tuple[str, ...]) -> tuple[float, ...]:
+    from autoscaler.sim.workload import CLASSES, DEFAULT_MIX
+
+    if text is None:
+        if classes != CLASSES:
+            raise ConfigError(f"--priority-mix: the policy's classes are {list(classes)}; give one share each")
+        return DEFAULT_MIX
+    try:
+        mix = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--priority-mix: expected numbers like 0.2,0.5,0.3, got {text!r}") from None
+    if len(mix) != len(classes) or min(mix) < 0 or sum(mix) <= 0:
+        raise ConfigError(f"--priority-mix: need {len(classes)} non-negative shares for {list(classes)}, got {text!r}")
+    return mix
+
+
+def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
+    from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run, sim_config_for, ticks
+    from autoscaler.sim.workload import WorkloadConfig, build
+    from autoscaler.traces import read_trace
+    from policies import decide, initial_state
+
+    config = sim_config_for(spec)
+    mix = _mix(args.priority_mix, spec.classes)
+    workload = build(read_trace(args.input), WorkloadConfig(server=config.server, classes=spec.classes, priority_mix=mix))
+    initial = initial_replicas(needed_replicas(workload, config), config)
+    bar, update = _progress(ticks(workload, config.tick_s), "simulate")
+    result = run(
+        PolicyRun("predictive", spec, decide, initial_state()), workload, config,
+        initial_replicas=initial, keep_timeline=True, progress=update,
+    )
+    bar.close()
+    print(f"trace {workload.name} (scale x{workload.scale:.3g}): {_summary(result, spec)}")
+    _write(out, result.timeline, title=f"simulated replay of {workload.name}", plot=not args.no_plot)
+    return 0
