@@ -48,6 +48,7 @@ class PrometheusSource(_Strict):
     selector: str = Field("", description="Label matchers put into every preset query, e.g. namespace=\"llm\".")
     queries: dict[str, str] = Field(default_factory=dict, description="Per-signal PromQL overriding the preset.")
     dcgm_memory: bool = Field(False, description="GPU memory headroom from DCGM framebuffer metrics.")
+    rate_window_s: float = Field(60.0, gt=0, le=3600, description="Window of rate() in the preset queries.")
 
 
 class ScrapeSource(_Strict):
@@ -142,7 +143,7 @@ class Settings(BaseSettings):
         overrides = dict(self.prometheus.queries)
         if self.prometheus.dcgm_memory:
             overrides.setdefault("gpu_memory_headroom_ratio", DCGM_HEADROOM)
-        return queries(self.model_server, self.prometheus.selector, overrides)
+        return queries(self.model_server, self.prometheus.selector, overrides, window_s=self.prometheus.rate_window_s)
 
     @classmethod
     def settings_customise_sources(

@@ -27,7 +27,7 @@ from autoscaler.config import Mode, Settings
 from autoscaler.errors import EdgeError
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import QueryResult
-from policies import SAMPLE_SIGNALS, ClusterState, Decision, Signals, decide, initial_state
+from policies import SAMPLE_SIGNALS, ClusterState, Decision, Sample, Signals, decide, initial_state
 
 log = structlog.get_logger("autoscaler")
 
@@ -124,6 +124,13 @@ class Controller:
                 if name in SAMPLE_SIGNALS and name not in samples:
                     samples[name] = sample
         by_priority = self.priorities.rates(now) if self.priorities is not None else {}
+        offered = sum(by_priority.values())
+        measured = samples.get("arrival_rate_per_s")
+        if by_priority and measured is not None and offered > measured.value:
+            # The servers count what they completed, which leaves out what the gateway shed: while shedding,
+            # demand is what reached the admission endpoint (each controller replica counts the share it
+            # answered, so the larger of the two is the better lower bound).
+            samples["arrival_rate_per_s"] = Sample(offered, now)
         return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
 
     async def tick(self) -> Decision:

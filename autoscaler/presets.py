@@ -1,6 +1,8 @@
-"""PromQL for each model server, per signal. `$selector` is replaced by the target's label matchers.
+"""PromQL for each model server, per signal. `$selector` is replaced by the target's label matchers and
+`$window` by the rate window (`prometheus.rate_window_s`, one minute by default: at least four scrape
+intervals, so a missed scrape does not empty it).
 
-Counters are read through rate() over one minute, so Prometheus handles counter resets; a series that is
+Counters are read through rate() over that window, so Prometheus handles counter resets; a series that is
 absent gives no sample (never a zero). Every query can be overridden in the config."""
 
 from __future__ import annotations
@@ -12,51 +14,51 @@ PRESETS: dict[str, dict[str, str]] = {
         "queue_depth": "sum(vllm:num_requests_waiting{$selector})",
         "in_flight": "sum(vllm:num_requests_running{$selector})",
         "p99_latency_s": (
-            "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{$selector}[1m])))"
+            "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{$selector}[$window])))"
         ),
         "gpu_memory_headroom_ratio": "1 - avg(vllm:kv_cache_usage_perc{$selector})",
-        "token_rate_per_s": "sum(rate(vllm:generation_tokens_total{$selector}[1m]))",
+        "token_rate_per_s": "sum(rate(vllm:generation_tokens_total{$selector}[$window]))",
         "arrival_rate_per_s": (
-            "sum(rate(vllm:request_success_total{$selector}[1m]))"
-            " + clamp_min(sum(deriv(vllm:num_requests_waiting{$selector}[1m])), 0)"
+            "sum(rate(vllm:request_success_total{$selector}[$window]))"
+            " + clamp_min(sum(deriv(vllm:num_requests_waiting{$selector}[$window])), 0)"
         ),
         "service_time_s": (
-            "sum(rate(vllm:request_inference_time_seconds_sum{$selector}[1m]))"
-            " / sum(rate(vllm:request_inference_time_seconds_count{$selector}[1m]))"
+            "sum(rate(vllm:request_inference_time_seconds_sum{$selector}[$window]))"
+            " / sum(rate(vllm:request_inference_time_seconds_count{$selector}[$window]))"
         ),
     },
     "sglang": {
         "queue_depth": "sum(sglang:num_queue_reqs{$selector})",
         "in_flight": "sum(sglang:num_running_reqs{$selector})",
         "p99_latency_s": (
-            "histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{$selector}[1m])))"
+            "histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{$selector}[$window])))"
         ),
         "gpu_memory_headroom_ratio": "1 - avg(sglang:token_usage{$selector})",
-        "token_rate_per_s": "sum(rate(sglang:generation_tokens_total{$selector}[1m]))",
+        "token_rate_per_s": "sum(rate(sglang:generation_tokens_total{$selector}[$window]))",
         "arrival_rate_per_s": (
-            "sum(rate(sglang:num_requests_total{$selector}[1m]))"
-            " + clamp_min(sum(deriv(sglang:num_queue_reqs{$selector}[1m])), 0)"
+            "sum(rate(sglang:num_requests_total{$selector}[$window]))"
+            " + clamp_min(sum(deriv(sglang:num_queue_reqs{$selector}[$window])), 0)"
         ),
     },
     "tgi": {
         "queue_depth": "sum(tgi_queue_size{$selector})",
         "in_flight": "sum(tgi_batch_current_size{$selector})",
-        "p99_latency_s": "histogram_quantile(0.99, sum by (le) (rate(tgi_request_duration_bucket{$selector}[1m])))",
-        "token_rate_per_s": "sum(rate(tgi_request_generated_tokens_sum{$selector}[1m]))",
+        "p99_latency_s": "histogram_quantile(0.99, sum by (le) (rate(tgi_request_duration_bucket{$selector}[$window])))",
+        "token_rate_per_s": "sum(rate(tgi_request_generated_tokens_sum{$selector}[$window]))",
         "arrival_rate_per_s": (
-            "sum(rate(tgi_request_count{$selector}[1m]))"
+            "sum(rate(tgi_request_count{$selector}[$window]))"
         ),
         "service_time_s": (
-            "sum(rate(tgi_request_inference_duration_sum{$selector}[1m]))"
-            " / sum(rate(tgi_request_inference_duration_count{$selector}[1m]))"
+            "sum(rate(tgi_request_inference_duration_sum{$selector}[$window]))"
+            " / sum(rate(tgi_request_inference_duration_count{$selector}[$window]))"
         ),
     },
     "triton": {
         "queue_depth": "sum(nv_inference_pending_request_count{$selector})",
-        "arrival_rate_per_s": "sum(rate(nv_inference_count{$selector}[1m]))",
+        "arrival_rate_per_s": "sum(rate(nv_inference_count{$selector}[$window]))",
         "service_time_s": (
-            "sum(rate(nv_inference_compute_infer_duration_us{$selector}[1m]))"
-            " / sum(rate(nv_inference_exec_count{$selector}[1m])) / 1e6"
+            "sum(rate(nv_inference_compute_infer_duration_us{$selector}[$window]))"
+            " / sum(rate(nv_inference_exec_count{$selector}[$window])) / 1e6"
         ),
     },
 }
@@ -86,10 +88,12 @@ SCRAPE: dict[str, dict[str, str]] = {
 }
 
 
-def queries(preset: str, selector: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The PromQL per signal for a preset, with the selector filled in and overrides applied."""
+def queries(preset: str, selector: str, overrides: dict[str, str] | None = None, *,
+            window_s: float = 60.0) -> dict[str, str]:
+    """The PromQL per signal for a preset, with the selector and rate window filled in and overrides applied."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model-server preset {preset!r}; choose one of {sorted(PRESETS)}")
     merged = dict(PRESETS[preset])
     merged.update(overrides or {})
-    return {name: Template(q).safe_substitute(selector=selector) for name, q in merged.items() if q}
+    window = f"{int(window_s)}s" if window_s == int(window_s) else f"{round(window_s * 1000)}ms"  # PromQL: integers
+    return {name: Template(q).safe_substitute(selector=selector, window=window) for name, q in merged.items() if q}

@@ -36,6 +36,20 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None =
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
+def wait_tcp(host: str, port: int, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Until something accepts connections on host:port."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before {host}:{port} accepted connections")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{host}:{port} did not accept connections within {timeout_s} s")
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()

@@ -1,11 +1,9 @@
 """The admission endpoint behind a real nginx `auth_request`, and its Envoy ext_authz contract."""
 
-import subprocess
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-import shutil
 
 import pytest
 from aiohttp import web
@@ -14,41 +12,9 @@ from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard, Published
 from policies import PRIORITY_CLASSES, Decision
 
+from loadtest.gateway import gateway as nginx_gateway
 from loopthread import LoopThread
-from servers import fake_model_server, free_port, stop, wait_http
-
-NGINX = """
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy; fastcgi_temp_path {tmp}/fcgi;
-  uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      auth_request /_admission;
-      auth_request_set $retry_after $upstream_http_retry_after;
-      error_page 403 = @shed;
-      proxy_pass {model};
-    }}
-    location = /_admission {{
-      internal;
-      proxy_pass http://127.0.0.1:{admission}/auth_request;
-      proxy_pass_request_body off;
-      proxy_set_header Content-Length "";
-    }}
-    location @shed {{
-      add_header Retry-After $retry_after always;
-      return 429 "shed\\n";
-    }}
-  }}
-}}
-"""
-
+from servers import fake_model_server, free_port
 
 @pytest.fixture(scope="module")
 def gateway():
@@ -65,18 +31,12 @@ def gateway():
         return runner
 
     runner = thread.run(serve())
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    # the shipped deploy/gateway/nginx.conf, with its cluster addresses replaced by loopback ones
     with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
-        gw_port = free_port()
-        conf = Path(tmp) / "nginx.conf"
-        conf.write_text(NGINX.format(tmp=tmp, port=gw_port, model=model, admission=port))
-        proc = subprocess.Popen([nginx, "-c", str(conf), "-p", tmp], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        try:
-            wait_http(f"http://127.0.0.1:{gw_port}/metrics", proc=proc)
-            yield thread, board, f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{port}"
-        finally:
-            stop(proc)
+        upstreams = Path(tmp) / "upstreams.conf"
+        upstreams.write_text(f"server {model.removeprefix('http://')};\n")
+        with nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams) as (url, _):
+            yield thread, board, url, f"http://127.0.0.1:{port}"
     thread.run(runner.cleanup())
     thread.close()
 

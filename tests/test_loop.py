@@ -168,3 +168,26 @@ def test_run_ticks_once_per_period_until_stopped():
         return seen
 
     assert asyncio.run(go()) == [1, 1, 2, 2, 3, 3, 4]
+
+
+def test_demand_counts_what_the_gateway_shed():
+    """Servers count completions; while the gateway sheds, the admission endpoint saw more. The larger is
+    the demand the policy gets; without admission counts the servers' rate stands."""
+    from autoscaler.loop import PriorityCounter
+
+    c, _ = controller(values={"arrival_rate_per_s": 10.0, "in_flight": 10.0, "queue_depth": 0.0,
+                              "service_time_s": 1.0})
+
+    async def collect(now):
+        return await c.collect(now)
+
+    assert asyncio.run(collect(1000.0)).arrival_rate_per_s.value == 10.0  # no admission counter
+    c.priorities = PriorityCounter()
+    asyncio.run(collect(1000.0))
+    for _ in range(300):  # 300 requests in 15 s = 20 req/s, half of them shed (servers saw 10 req/s)
+        c.priorities.add("sheddable")
+    signals = asyncio.run(collect(1015.0))
+    assert signals.arrival_rate_per_s.value == 20.0 and signals.arrival_rate_by_priority == {"sheddable": 20.0}
+    for _ in range(60):
+        c.priorities.add("critical")
+    assert asyncio.run(collect(1030.0)).arrival_rate_per_s.value == 10.0  # 4 req/s counted < 10 served

@@ -1,0 +1,80 @@
+"""nginx in front of the model servers, as shipped in `deploy/gateway/nginx.conf`, run on loopback.
+
+The shipped file is the server-level configuration a user includes in nginx's `http` block. Three of its
+lines name cluster addresses; here they are replaced (and each replacement is checked, so a change to the
+shipped file cannot silently bypass this harness): the model upstream becomes an included list of live
+servers (kept current by `loadtest.fleet`, with `least_conn`, a least-loaded balancer like vLLM's
+production routers), the admission endpoint is the controller's on 127.0.0.1, and nginx listens on
+127.0.0.1. Everything else (auth_request, the 403 -> 429 mapping with Retry-After) runs as shipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from loadtest.realservers import free_port, stop, wait_tcp
+
+SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "gateway" / "nginx.conf"
+UPSTREAM_LINE = "upstream model { server llama-3-8b.llm.svc:8000; }"
+LISTEN_LINE = "listen 8080;"
+ADMISSION_URL = "http://inference-autoscaler.llm.svc:8081/auth_request"
+
+
+def _substitute(text: str, old: str, new: str) -> str:
+    if old not in text:
+        raise ValueError(f"{SHIPPED}: expected {old!r}; update loadtest/gateway.py with the shipped file")
+    return text.replace(old, new)
+
+
+def render(*, tmp: Path, port: int, admission: str, upstreams: Path, worker_processes: int = 1) -> str:
+    """A complete nginx.conf around the shipped server configuration."""
+    server = SHIPPED.read_text()
+    server = _substitute(server, UPSTREAM_LINE, f"upstream model {{ least_conn; include {upstreams}; }}")
+    server = _substitute(server, LISTEN_LINE, f"listen 127.0.0.1:{port};")
+    server = _substitute(server, ADMISSION_URL, f"{admission}/auth_request")
+    return f"""
+worker_processes {worker_processes};
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy; fastcgi_temp_path {tmp}/fcgi;
+  uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+{server}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if path is None:
+        raise RuntimeError("nginx is not installed; `make test` installs Debian's nginx package")
+    return path
+
+
+@contextlib.contextmanager
+def gateway(*, admission: str, upstreams: Path | None = None, port: int | None = None):
+    """nginx on 127.0.0.1:`port` asking `admission` (base URL) per request and balancing over the servers
+    listed in `upstreams` (a file of `server host:port;` lines). Yields (url, pid file)."""
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="gateway-") as tmp:
+        tmp_path = Path(tmp)
+        if upstreams is None:
+            upstreams = tmp_path / "upstreams.conf"
+        if not upstreams.exists():
+            upstreams.write_text("server 127.0.0.1:9 max_fails=0;\n")
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(render(tmp=tmp_path, port=port, admission=admission, upstreams=upstreams))
+        proc = subprocess.Popen([nginx_binary(), "-c", str(conf), "-p", tmp], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_tcp("127.0.0.1", port, proc=proc)
+            yield f"http://127.0.0.1:{port}", tmp_path / "nginx.pid"
+        finally:
+            stop(proc)
