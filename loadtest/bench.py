@@ -16,12 +16,17 @@ import statistics
 import sys
 from pathlib import Path
 
-from autoscaler.errors import TraceError
+import numpy as np
+
+from pydantic import ValidationError
+
+from autoscaler.config import describe, read_yaml_mapping
+from autoscaler.errors import ConfigError, TraceError
 from autoscaler.sim.cluster import ClusterModel
 from autoscaler.sim.run import RunResult, SimConfig, initial_replicas, needed_replicas, run, ticks
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
 from autoscaler.traces import read_trace
-from loadtest import policyset
+from loadtest import policyset, scenarios
 
 BUNDLED_TRACE = Path(__file__).parent / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
 # The targets: the highest class meets its SLO for 99.9 % of requests, the other classes that are never
@@ -36,6 +41,10 @@ def targets(classes: tuple[str, ...], sheddable: tuple[str, ...]) -> dict[str, f
     return {c: TOP_TARGET if i == 0 else OTHER_TARGET for i, c in enumerate(kept)}
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if values else None
+
+
 def figures(result: RunResult, clairvoyant_gpu_hours: float | None) -> dict:
     gpu = result.costs.total_gpu_hours
     return {
@@ -46,6 +55,10 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None) -> dict:
         "gpu_hours_vs_clairvoyant": round(gpu / clairvoyant_gpu_hours, 3) if clairvoyant_gpu_hours else None,
         "shed_fraction": round(result.outcome["shed_fraction"], 5),
         "shed_by_class": {c: round(v, 5) for c, v in result.outcome["shed_by_class"].items()},
+        "shed_time_s": result.outcome["shed_time_s"],
+        "warm_pool_gpu_hours": round(result.costs.warm_pool_s / 3600.0, 3),
+        "time_to_capacity_s": {"p50": _percentile(result.capacity_lags_s, 50),
+                               "p95": _percentile(result.capacity_lags_s, 95)},
         "scaling_actions": result.scaling_actions,
         "wall_s": round(result.wall_s, 2),
     }
@@ -69,7 +82,7 @@ def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ..
     parts += [f"{c} shed {ours['shed_by_class'][c]:.2%} (<= {MAX_SHED:.0%})" for c in sheddable]
     lines.append(f"targets: {', '.join(parts)}: {'met' if meets(ours, classes, sheddable) else 'NOT met'}")
     for row in rows:
-        if row["policy"] in ("predictive", "clairvoyant"):
+        if row["policy"].startswith("predictive") or row["policy"] == "clairvoyant":
             continue
         same = all(row["slo_attainment"][c] >= ours["slo_attainment"][c] for c in wanted)
         if same:
@@ -86,12 +99,13 @@ def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ..
 
 
 def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]) -> str:
-    """One row per policy: attainment per class (highest first), p99 wait, GPU-hours, shed share of the
-    sheddable classes, scaling actions, wall time."""
+    """One row per policy: attainment per class (highest first), p99 wait, GPU-hours (and the warm pool's
+    share of them), shed share and shedding time of the sheddable classes, time to capacity (order ->
+    Ready of each replica added, median / 95th percentile), scaling actions, wall time."""
     names = [ABBREVIATIONS.get(c, c[:6]) + " SLO" for c in classes]
     head = (
-        f"{'policy':<12} " + " ".join(f"{n:>9}" for n in names) + f" {'p99 wait':>9} {'GPU-h':>9} "
-        f"{'x clairv':>9} {'shed':>7} {'actions':>8} {'wall s':>7}"
+        f"{'policy':<18} " + " ".join(f"{n:>9}" for n in names) + f" {'p99 wait':>9} {'GPU-h':>9} "
+        f"{'x clairv':>9} {'warm':>6} {'shed':>7} {'shed s':>7} {'TTC p50/p95 s':>14} {'actions':>8} {'wall s':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -99,17 +113,39 @@ def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]
         ratio = f"{r['gpu_hours_vs_clairvoyant']:.3f}" if r["gpu_hours_vs_clairvoyant"] is not None else "-"
         shed = sum(r["shed_by_class"][c] * 1.0 for c in sheddable) / max(1, len(sheddable))
         cells = " ".join(f"{a[c]:>9.4%}" if i == 0 else f"{a[c]:>9.3%}" for i, c in enumerate(classes))
+        warm = r["warm_pool_gpu_hours"] / r["gpu_hours"] if r["gpu_hours"] else 0.0
+        shed_s = max((r["shed_time_s"][c] for c in sheddable), default=0.0)
+        ttc = r["time_to_capacity_s"]
+        ttc_text = f"{ttc['p50']:.0f}/{ttc['p95']:.0f}" if ttc["p50"] is not None else "-"
         lines.append(
-            f"{r['policy']:<12} {cells} "
-            f"{r['p99_queue_wait_s']:>8.2f}s {r['gpu_hours']:>9.2f} {ratio:>9} "
-            f"{shed:>7.2%} {r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
+            f"{r['policy']:<18} {cells} "
+            f"{r['p99_queue_wait_s']:>8.2f}s {r['gpu_hours']:>9.2f} {ratio:>9} {warm:>6.1%} "
+            f"{shed:>7.2%} {shed_s:>7.0f} {ttc_text:>14} {r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
         )
     return "\n".join(lines)
 
 
+def policy_overrides(args: argparse.Namespace) -> dict:
+    """Fields of the predictive policy from --policy-config, then --policy-set."""
+    import yaml
+
+    data: dict = {}
+    if args.policy_config:
+        data = read_yaml_mapping(args.policy_config)
+        if isinstance(data.get("policy"), dict):
+            data = data["policy"]
+    for item in args.policy_set:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--policy-set {item!r}: expected FIELD=VALUE")
+        data[name.strip()] = yaml.safe_load(value)
+    return data
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default=str(BUNDLED_TRACE), help="trace file or ServeGen folder (default: bundled)")
+    p.add_argument("--trace", default=str(BUNDLED_TRACE),
+                   help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
     p.add_argument("--scale", type=float, default=None, help="explicit load factor (default: size to --peak-replicas)")
     p.add_argument("--peak-replicas", type=int, default=40, help="replicas the busiest minute/window needs")
     p.add_argument("--tick-s", type=float, default=15.0)
@@ -121,6 +157,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="shares of the policy's priority classes, highest first (critical,standard,sheddable)")
     p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals")
     p.add_argument("--policies", default=",".join(policyset.NAMES))
+    p.add_argument("--policy-config", default=None,
+                   help="YAML of predictive policy fields, or a controller config (its policy section)")
+    p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="one predictive policy field (YAML value), over --policy-config; repeatable")
     p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     return p.parse_args(argv)
@@ -138,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               f"got {args.priority_mix!r}", file=sys.stderr)
         return 2
     try:
-        trace = read_trace(args.trace)
+        trace = scenarios.read(args.trace) if scenarios.is_scenario(args.trace) else read_trace(args.trace)
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -159,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)
-    runs = policyset.build(config, needed, names)
+    try:
+        spec = policyset.predictive_spec(config, policy_overrides(args))
+    except ValidationError as exc:
+        print(f"error: {describe(exc, args.policy_config or '--policy-set')}", file=sys.stderr)
+        return 2
+    except (ValueError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    runs = policyset.build(config, needed, names, predictive=spec)
     results = {}
     for policy in runs:
         start = min(int(needed.max()), policyset.MAX_REPLICAS) if policy.name == "static" else initial  # static runs its peak from the start
@@ -183,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{ticks(workload, config.tick_s)} ticks of {config.tick_s:.0f} s, peak need {needed.max()} replicas, "
         f"SLO queue wait <= {config.slo_s:.1f} s"
     )
-    spec = policyset.predictive_spec(config)
     sheddable = tuple(c for c in classes if spec.priorities[c] < spec.shed_priority_below)
     print(table(rows, classes, sheddable))
     if "predictive" in results:

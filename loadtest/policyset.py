@@ -15,12 +15,19 @@ from policies import PolicySpec, decide, initial_state
 from policies.baselines import hpa, keda_prometheus, kpa, oracle
 
 NAMES = ("predictive", "hpa", "kpa", "keda", "static", "clairvoyant")
+# Run on request (--policies): the predictive policy with its warm pool switched off, for comparison.
+EXTRA = ("predictive-no-warm",)
 TARGET_UTILIZATION = 0.7
 MAX_REPLICAS = 256
 
 
-def predictive_spec(config: SimConfig) -> PolicySpec:
-    return PolicySpec(
+# Fields of the predictive spec that describe the simulated world: a policy file may not contradict them.
+WORLD = {"tick_s": "--tick-s", "replica_concurrency": "--concurrency", "slo_queue_wait_s": "--slo-s"}
+
+
+def predictive_spec(config: SimConfig, overrides: dict | None = None) -> PolicySpec:
+    """The predictive policy for the simulated cluster, with a policy file's (or flags') fields on top."""
+    base = dict(
         min_replicas=1,
         max_replicas=MAX_REPLICAS,
         tick_s=config.tick_s,
@@ -31,14 +38,25 @@ def predictive_spec(config: SimConfig) -> PolicySpec:
         default_startup_s=config.cluster.startup_s,
         node_provisioning_s=config.cluster.node_provisioning_s,
     )
+    overrides = dict(overrides or {})
+    for name, flag in WORLD.items():
+        if name in overrides and overrides[name] != base[name]:
+            raise ValueError(f"the policy sets {name} = {overrides[name]}, the simulated cluster {base[name]} "
+                             f"({flag}): make them agree")
+    return PolicySpec(**{**base, **overrides})
 
 
-def build(config: SimConfig, needed: np.ndarray, names: tuple[str, ...] = NAMES) -> list[PolicyRun]:
+def build(config: SimConfig, needed: np.ndarray, names: tuple[str, ...] = NAMES, *,
+          predictive: PolicySpec | None = None) -> list[PolicyRun]:
     k = config.server.concurrency
     target = k * TARGET_UTILIZATION
     needed_t = tuple(min(int(x), MAX_REPLICAS) for x in needed)  # every policy shares the same bounds
     runs = {
-        "predictive": lambda: PolicyRun("predictive", predictive_spec(config), decide, initial_state()),
+        "predictive": lambda: PolicyRun("predictive", predictive or predictive_spec(config), decide, initial_state()),
+        "predictive-no-warm": lambda: PolicyRun(
+            "predictive-no-warm", (predictive or predictive_spec(config)).model_copy(update={"max_warm_slots": 0}),
+            decide, initial_state(),
+        ),
         "hpa": lambda: PolicyRun(
             "hpa", hpa.HpaSpec(target_per_pod=target, max_replicas=MAX_REPLICAS), hpa.decide, hpa.initial_state()
         ),
@@ -67,5 +85,5 @@ def build(config: SimConfig, needed: np.ndarray, names: tuple[str, ...] = NAMES)
     }
     unknown = set(names) - set(runs)
     if unknown:
-        raise ValueError(f"unknown policies {sorted(unknown)}; choose from {list(NAMES)}")
+        raise ValueError(f"unknown policies {sorted(unknown)}; choose from {list(NAMES + EXTRA)}")
     return [runs[name]() for name in names]

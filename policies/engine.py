@@ -22,6 +22,7 @@ from policies.stages import forecast as fc
 from policies.stages.bounds import bound
 from policies.stages.combine import combine, remember_reactive
 from policies.stages.feedback import slo_feedback
+from policies.stages.growth import growth_risk
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import blocks_scale_down, present, sanitize
@@ -76,7 +77,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         return _hold(current, state, "no demand signal (arrival rate and in-flight both unusable)", dropped)
 
     startup = startup_s(spec, samples)
-    lead = lead_time_s(spec, startup, cluster.warm_slots_ready)
+    lead = lead_time_s(spec, startup, cluster.warm_slots_ready + cluster.idle_slots)
     reasons: list[str] = []
     if fc.outage_held(spec, forecast_state, now):
         reasons.append(
@@ -107,6 +108,16 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
             f"predictive: {predictive_n} replicas for upper forecast {predicted[1]:.1f} req/s "
             f"(mean {predicted[0]:.1f}, {forecast_state.kind}, headroom {sizing:.2f}) at +{lead:.0f} s"
         )
+    free = cluster.warm_slots_ready + cluster.idle_slots
+    rising = fc.climb(spec, forecast_state, startup) if free else None
+    if rising is not None and predictive_n is not None:
+        # Demand climbs steadily: what the climb needs by the end of one start-up is ordered now, onto
+        # capacity already paid for (warm and idle slots), so it is ready when the demand is.
+        early = min(free, replicas_for_rate(spec, rising * sizing, service_s) - predictive_n)
+        if early > 0:
+            predictive_n += early
+            reasons.append(f"forecast: demand climbing steadily to {rising:.1f} req/s at +{startup:.0f} s; "
+                           f"{early} replicas ordered now onto warm or idle slots")
     wanted, why = combine(spec, reactive=reactive_n, recent=recent, predictive=predictive_n)
     reasons += why
     if wanted is None:
@@ -124,7 +135,14 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s,
                        quantiles=quantiles)
     peak_n = replicas_for_rate(spec, peak[1] * sizing, service_s) if peak else None
-    warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n)
+    if state.growth_risk is None or state.growth_risk_for_s != forecast_state.bucket_start_s:
+        state = replace(state, growth_risk=growth_risk(spec, forecast_state, now),
+                        growth_risk_for_s=forecast_state.bucket_start_s)
+    risk, risk_why = state.growth_risk
+    level = fc.level_now(forecast_state, clean.arrival_rate_per_s)
+    risk_n = replicas_for_rate(spec, level * (1.0 + risk) * sizing, service_s) if level > 0 else None
+    warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n,
+                           risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=cluster.idle_slots)
     reasons += why
     shed, why = shed_levels(spec, clean, service_s)
     reasons += why

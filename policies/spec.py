@@ -76,6 +76,13 @@ class PolicySpec(BaseModel):
         600.0, ge=0, description="Scale down only to the max recommendation of this window (>= lead time)."
     )
     max_warm_slots: int = Field(8, ge=0, description="Upper bound on placeholder (warm) GPU slots.")
+    warm_growth_quantile: float = Field(
+        0.99, gt=0, le=1, description="Warm capacity covers growth up to this quantile of past increases over the "
+        "node-provisioning time (relative to the level at the start of each window)."
+    )
+    warm_growth_min_ratio: float = Field(
+        0.0, ge=0, le=10, description="...and at least this growth whatever the history says (1.0: a doubling)."
+    )
     saturation_wait_ratio: float = Field(
         0.5, gt=0, le=1, description="Guard: the lowest priority is rejected once the queue means this x SLO of wait."
     )

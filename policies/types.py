@@ -37,6 +37,9 @@ class ClusterState:
     starting_replicas: int = 0
     unschedulable_pods: int = 0
     warm_slots_ready: int = 0
+    # Free replica-shaped capacity on nodes that exist (idle nodes, room on partly used ones): lands a
+    # replica after its start-up only, like a warm slot, at no extra cost.
+    idle_slots: int = 0
     # Creation -> Ready durations of pods that became Ready since the previous tick.
     startup_durations_s: tuple[float, ...] = ()
     at_s: float = 0.0
@@ -131,6 +134,9 @@ class PolicyState:
     headroom_ratio: float = 1.0  # learned by SLO feedback, multiplies the rate capacity is sized for
     # Signals reported at least once: one that vanishes afterwards is missing data, not "not configured".
     seen: frozenset[str] = frozenset()
+    # Growth risk for the warm pool (ratio, why), computed once per forecast bucket (the bucket start it is for).
+    growth_risk: tuple[float, str] | None = None
+    growth_risk_for_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

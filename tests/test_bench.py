@@ -9,7 +9,7 @@ from loadtest.bench import main
 from helpers import BUNDLED_TRACE
 
 KEYS = {"policy", "slo_attainment", "p99_queue_wait_s", "gpu_hours", "gpu_hours_vs_clairvoyant", "shed_fraction",
-        "scaling_actions", "wall_s"}
+        "scaling_actions", "wall_s", "shed_time_s", "warm_pool_gpu_hours", "time_to_capacity_s"}
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,24 @@ def test_bad_trace_is_a_clear_error(tmp_path, capsys):
     bad.write_text("nope\n")
     assert main(["--trace", str(bad)]) == 2
     assert "x.csv:1: header" in capsys.readouterr().err
+
+
+def test_warm_capacity_halves_the_shedding_of_a_doubling(capsys):
+    """The doubling drill (scenario:doubling), with the warm pool insuring a doubling against the same
+    policy without a warm pool: the sheddable class is shed for at most half as long and half as much."""
+    args = ["--trace", "scenario:doubling", "--policies", "predictive,predictive-no-warm", "--json",
+            "--policy-set", "warm_growth_min_ratio=1.0", "--policy-set", "max_warm_slots=32"]
+    assert main(args) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    warm, cold = rows["predictive"], rows["predictive-no-warm"]
+    assert warm["warm_pool_gpu_hours"] > 0 and cold["warm_pool_gpu_hours"] == 0
+    assert warm["shed_time_s"]["sheddable"] <= 0.5 * cold["shed_time_s"]["sheddable"]
+    assert warm["shed_by_class"]["sheddable"] <= 0.5 * cold["shed_by_class"]["sheddable"]
+    assert warm["time_to_capacity_s"]["p50"] < 0.5 * cold["time_to_capacity_s"]["p50"]
+
+
+def test_policy_settings_that_contradict_the_simulated_cluster_are_refused(capsys):
+    assert main(["--policies", "predictive", "--policy-set", "replica_concurrency=4"]) == 2
+    assert "replica_concurrency = 4" in capsys.readouterr().err
+    assert main(["--policies", "predictive", "--policy-set", "max_replicas=-1"]) == 2
+    assert "max_replicas" in capsys.readouterr().err

@@ -130,3 +130,22 @@ def test_a_signal_that_vanishes_holds_but_one_never_configured_does_not(spec):
         d, state = decide(spec, state, sig, i * 15.0)
         replicas = d.replicas
     assert replicas < 12
+
+
+def test_warm_pool_insures_the_growth_it_is_told_to_and_explains_each_slot(spec):
+    """Steady 40 req/s: the history shows no growth, so no warm slot; told to be ready for a doubling, the
+    pool holds the replicas a doubling needs beyond those decided, less idle node slots, within its bound."""
+    steps = [(i * 15.0, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=6)) for i in range(60)]
+    quiet, _ = run(spec, steps)
+    assert quiet[-1].warm_slots == 0
+    insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
+    decisions, _ = run(insured, steps)
+    last = decisions[-1]
+    assert last.warm_slots >= last.replicas - 1  # about one more fleet's worth
+    assert any("+100%" in r and "warm pool" in r for r in last.reasons)
+    base = steps[-1][1]
+    with_idle = Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=6, idle_slots=3, at_s=base.cluster.at_s),
+                        arrival_rate_per_s=base.arrival_rate_per_s, in_flight=base.in_flight,
+                        queue_depth=base.queue_depth, service_time_s=base.service_time_s)
+    d, _ = run(insured, steps[:-1] + [(steps[-1][0], with_idle)])
+    assert d[-1].warm_slots == last.warm_slots - 3

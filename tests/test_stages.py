@@ -10,6 +10,7 @@ from policies.stages import forecast as fc
 from policies.stages.bounds import bound
 from policies.stages.combine import combine, remember_reactive
 from policies.stages.feedback import slo_feedback
+from policies.stages.growth import growth_risk, growth_samples
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import sanitize
@@ -91,8 +92,8 @@ def test_lead_time_learns_a_high_percentile_and_adds_node_provisioning(spec):
         clean, _ = sanitize(spec, signals(0.0, startups=(float(d),)), None, 0.0)
         samples = remember_startups(spec, samples, clean)
     assert startup_s(spec, samples) == 190.0
-    assert lead_time_s(spec, 190.0, warm_slots_ready=0) == 190.0 + spec.node_provisioning_s
-    assert lead_time_s(spec, 190.0, warm_slots_ready=2) == 190.0
+    assert lead_time_s(spec, 190.0, free_slots=0) == 190.0 + spec.node_provisioning_s
+    assert lead_time_s(spec, 190.0, free_slots=2) == 190.0
 
 
 # -- forecast ---------------------------------------------------------------------------------------------
@@ -214,6 +215,56 @@ def test_warm_pool_holds_forecast_growth_within_limits(spec):
     assert warm_slots(spec, replicas=10, peak_replicas=40)[0] == spec.max_warm_slots
     assert warm_slots(spec, replicas=10, peak_replicas=8)[0] == 0
     assert warm_slots(spec, replicas=10, peak_replicas=None)[0] == 0
+
+
+def test_warm_pool_covers_the_growth_risk_less_idle_slots(spec):
+    n, reasons = warm_slots(spec, replicas=10, peak_replicas=11, risk_replicas=15, risk_why="p99 ...", idle_slots=2)
+    assert n == 3 and "15 replicas if demand grows as it has (p99 ...)" in reasons[0] and "2 idle" in reasons[0]
+    assert warm_slots(spec, replicas=10, peak_replicas=None, risk_replicas=9)[0] == 0
+    tight = spec.model_copy(update={"max_replicas": 12})
+    assert warm_slots(tight, replicas=10, peak_replicas=None, risk_replicas=30)[0] == 2  # the replica bound
+    assert warm_slots(spec.model_copy(update={"max_warm_slots": 0}), replicas=10, peak_replicas=40,
+                      risk_replicas=40)[0] == 0
+
+
+def test_growth_samples_are_the_largest_rise_within_one_provisioning_time():
+    spec = PolicySpec(forecast_bucket_s=300.0, node_provisioning_s=300.0)
+    assert growth_samples(spec, (100.0, 100.0, 140.0, 150.0)).tolist() == pytest.approx([0.0, 0.4, 150 / 140 - 1])
+    two = spec.model_copy(update={"node_provisioning_s": 600.0})  # two buckets ahead
+    assert growth_samples(two, (100.0, 90.0, 150.0, 120.0)).tolist() == pytest.approx([0.5, 150 / 90 - 1])
+    # a near-silent start counts at 2 % of the peak, not as an unbounded rise
+    assert growth_samples(spec, (0.0, 100.0)).tolist() == pytest.approx([100 / 2 - 1])
+
+
+def test_growth_risk_follows_the_time_of_day_and_has_a_floor():
+    """Three days of 5-min buckets, flat at 100 but for a rise to 200 every day at 08:00: at 08:00 the risk
+    is the doubling; at 20:00 nothing grows; a floor holds whatever the history says."""
+    spec = PolicySpec(forecast_bucket_s=300.0, node_provisioning_s=300.0)
+    day = [100.0] * 288
+    day[97:110] = [200.0] * 13  # 08:05 to 09:10
+    fs = ForecastState(history=tuple(day * 3), bucket_start_s=3 * 86400.0, kind="level", level=100.0)
+    morning, why = growth_risk(spec, fs, now=3 * 86400.0 + 8 * 3600.0)
+    evening, _ = growth_risk(spec, fs, now=3 * 86400.0 + 20 * 3600.0)
+    assert morning == pytest.approx(1.0) and "this time of day" in why
+    assert evening == 0.0
+    floored, _ = growth_risk(spec.model_copy(update={"warm_growth_min_ratio": 0.5}), fs, now=3 * 86400.0 + 20 * 3600.0)
+    assert floored == 0.5
+    short = ForecastState(history=(100.0, 130.0, 120.0), bucket_start_s=900.0, kind="level", level=120.0)
+    risk, why = growth_risk(spec, short, now=900.0)
+    assert risk == pytest.approx(0.3, abs=0.01) and "all history" in why
+
+
+def test_a_steady_climb_is_extrapolated_a_step_or_noise_is_not():
+    spec = PolicySpec(tick_s=15.0)
+    rng = np.random.default_rng(3)
+    ramp = tuple(20.0 + 1.0 * i + rng.normal(0, 0.3) for i in range(8))
+    ahead = fc.climb(spec, ForecastState(rates=ramp), horizon_s=120.0)
+    assert ahead == pytest.approx(27.0 + 8.0, abs=1.0)  # 8 ticks more of +1 req/s per tick
+    step = (20.0,) * 4 + (30.0,) * 4
+    noise = tuple(20.0 + rng.normal(0, 1.0) for _ in range(8))
+    falling = tuple(reversed(ramp))
+    for rates in (step, noise, falling, ramp[:5]):
+        assert fc.climb(spec, ForecastState(rates=rates), horizon_s=120.0) is None
 
 
 def test_shedding_takes_the_excess_from_the_lowest_priority_only(spec):

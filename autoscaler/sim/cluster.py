@@ -66,6 +66,8 @@ class SimCluster:
     idle: list[tuple[float, float]] = field(default_factory=list)  # (freed, expires)
     costs: Costs = field(default_factory=Costs)
     scaling_actions: int = 0
+    # How long each replica added after the start took from its order to Ready: the time to capacity.
+    capacity_lags_s: list[float] = field(default_factory=list)
     _startups_seen: list[float] = field(default_factory=list)
     _reported_until: float = -1e18
 
@@ -123,6 +125,7 @@ class SimCluster:
             ready_replicas=ready,
             starting_replicas=len(self.pods) - ready,
             warm_slots_ready=len(self.warm_ready),
+            idle_slots=len(self.idle),
             startup_durations_s=seen,
             at_s=self.now,
         )
@@ -157,6 +160,7 @@ class SimCluster:
         else:
             ready = now + self._provisioning() + self._startup()
         bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)
+        self.capacity_lags_s.append(ready - now)
 
     def _remove_pod(self) -> None:
         pod = self.pods.pop()  # the least ready

@@ -39,6 +39,7 @@ from policies.queueing import erlang_c
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
+SHED_NOTICED = 0.5  # requests: a tick counts as shedding a class when at least half a request of it was shed
 _POINTS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
@@ -129,6 +130,7 @@ class RateSim:
         self.total = np.zeros(len(self.classes))
         self.met = np.zeros(len(self.classes))
         self.shed = np.zeros(len(self.classes))
+        self.shed_ticks = np.zeros(len(self.classes), dtype=int)  # ticks in which a class had requests shed
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
 
     def _window(self, t: float) -> int:
@@ -215,6 +217,7 @@ class RateSim:
 
         self.total += by_class
         self.shed += shed_now
+        self.shed_ticks += shed_now >= SHED_NOTICED
         self.met += met
         wmid = sum(float(a.sum()) * w for a, w in waits) / admitted if admitted > 0 else 0.0
         self._mixture.append((admitted, min(wmid, 1e6), c_wait, theta))
@@ -290,6 +293,7 @@ class RateSim:
             "shed_by_class": shed_by_class,
             "shed_fraction": float(self.shed.sum() / self.total.sum()) if self.total.sum() > 0 else 0.0,
             "p99_queue_wait_s": self._p99(),
+            "shed_time_s": {name: float(self.shed_ticks[i] * self.tick_s) for i, name in enumerate(self.classes)},
         }
 
     def _p99(self) -> float:

@@ -191,4 +191,7 @@ class RequestSim:
             "shed_by_class": shed_by_class,
             "shed_fraction": float(self.shed.mean()) if self.n else 0.0,
             "p99_queue_wait_s": float(np.percentile(admitted, 99)) if len(admitted) else 0.0,
+            "shed_time_s": {name: float(len(np.unique(self.w.arrival_s[self.shed & (self.w.priority == c)]
+                                                      // self.tick_s)) * self.tick_s)
+                            for c, name in enumerate(self.classes)},
         }

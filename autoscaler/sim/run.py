@@ -57,6 +57,7 @@ class RunResult:
     decide_s: list[float]
     refit: list[bool]
     timeline: list[dict]
+    capacity_lags_s: list[float] = field(default_factory=list)  # order -> Ready of every replica added
 
 
 def sim_config_for(spec: PolicySpec) -> SimConfig:
@@ -172,4 +173,5 @@ def run(
         decide_s=decide_s,
         refit=refit,
         timeline=timeline,
+        capacity_lags_s=list(cluster.capacity_lags_s),
     )

@@ -186,6 +186,43 @@ def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:
     return low < _OUTAGE_MAX_SHARE * len(fs.ratios)
 
 
+RAMP_TICKS = 8
+RAMP_T_STAT = 4.0
+
+
+def climb(spec: PolicySpec, fs: ForecastState, horizon_s: float) -> float | None:
+    """The rate `horizon_s` from now if the climb of the last RAMP_TICKS ticks goes on: a least-squares line
+    through the recent per-tick rates, only when its slope is clearly positive (t > RAMP_T_STAT) and a line
+    explains the window better than a single jump does (so noise and on/off steps do not count)."""
+    if len(fs.rates) < RAMP_TICKS:
+        return None
+    y = np.asarray(fs.rates[-RAMP_TICKS:], dtype=float)
+    x = np.arange(RAMP_TICKS, dtype=float) - (RAMP_TICKS - 1) / 2
+    slope = float((x * (y - y.mean())).sum() / (x * x).sum())
+    if slope <= 0:
+        return None
+    resid = y - (y.mean() + slope * x)
+    line_sse = float((resid**2).sum())
+    se = math.sqrt(line_sse / (RAMP_TICKS - 2) / float((x * x).sum()))
+    if se > 0 and slope / se < RAMP_T_STAT:
+        return None
+    step_sse = min(float(((y[:k] - y[:k].mean()) ** 2).sum() + ((y[k:] - y[k:].mean()) ** 2).sum())
+                   for k in range(2, RAMP_TICKS - 1))
+    if step_sse <= line_sse:
+        return None
+    return float(y.mean() + slope * (x[-1] + horizon_s / spec.tick_s))
+
+
+def level_now(fs: ForecastState, rate: float | None) -> float:
+    """Demand now at the history's resolution: the mean of the bucket open so far, else the last closed
+    bucket, else the latest rate. What growth is measured from (not a forecast: no trend in it)."""
+    if fs.bucket_n:
+        return fs.bucket_sum / fs.bucket_n
+    if fs.history:
+        return fs.history[-1]
+    return rate or 0.0
+
+
 def outage_held(spec: PolicySpec, fs: ForecastState, now: float) -> bool:
     return fs.outage_since_s is not None and now - fs.outage_since_s < spec.outage_hold_s
 

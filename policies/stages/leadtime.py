@@ -1,7 +1,7 @@
 """Stage 3: how long until a replica ordered now serves traffic.
 
 Learned online from observed pod creation -> Ready durations (a high percentile of the most recent ones),
-plus node-provisioning time when no warm slot is free to land on."""
+plus node-provisioning time when no warm slot (or idle node slot) is free to land on."""
 
 from __future__ import annotations
 
@@ -24,5 +24,5 @@ def startup_s(spec: PolicySpec, samples: tuple[float, ...]) -> float:
     return ordered[index]
 
 
-def lead_time_s(spec: PolicySpec, startup: float, warm_slots_ready: int) -> float:
-    return startup + (0.0 if warm_slots_ready > 0 else spec.node_provisioning_s)
+def lead_time_s(spec: PolicySpec, startup: float, free_slots: int) -> float:
+    return startup + (0.0 if free_slots > 0 else spec.node_provisioning_s)

@@ -1,21 +1,38 @@
 """Stage 7: how many free, ready GPU slots (placeholder pods) to keep.
 
 A replica that lands on a warm slot serves after its start-up time; one that needs a new node waits for
-node provisioning too. So the pool is sized to hold the growth the upper forecast expects over the next
-start-up + node-provisioning window, beyond the replicas already decided."""
+node provisioning too. The pool is insurance, sized for two risks beyond the replicas already decided:
+- the growth the upper forecast itself expects over the next start-up + node-provisioning window;
+- the growth it cannot see: demand now (the forecast's level) grown by the growth risk (`growth.py`: an
+  upper quantile of past increases over one node-provisioning time, at this time of day), sized with the
+  same queueing model as the replicas.
+Free capacity that already exists (idle node slots) counts against the pool; the pool stays within
+`max_warm_slots` and the replica bound. E.g. 20 replicas decided for 26 req/s, a p99 growth of +40 %:
+36 req/s needs 27 replicas, so 7 warm slots, or 4 if 3 idle node slots exist."""
 
 from __future__ import annotations
-
 
 from policies.spec import PolicySpec
 
 
-def warm_slots(spec: PolicySpec, *, replicas: int, peak_replicas: int | None) -> tuple[int, list[str]]:
-    if peak_replicas is None or spec.max_warm_slots == 0:
+def warm_slots(
+    spec: PolicySpec, *, replicas: int, peak_replicas: int | None, risk_replicas: int | None = None,
+    risk_why: str = "", idle_slots: int = 0,
+) -> tuple[int, list[str]]:
+    if spec.max_warm_slots == 0:
         return 0, []
-    growth = min(spec.max_replicas, peak_replicas) - replicas
-    slots = max(0, min(spec.max_warm_slots, growth))
+    room = max(0, min(spec.max_warm_slots, spec.max_replicas - replicas))
+    needs = []
+    if peak_replicas is not None:
+        needs.append((peak_replicas - replicas, f"forecast peak of {peak_replicas} within node provisioning"))
+    if risk_replicas is not None:
+        needs.append((risk_replicas - replicas, f"{risk_replicas} replicas if demand grows as it has ({risk_why})"))
+    if not needs:
+        return 0, []
+    growth, why = max(needs, key=lambda n: n[0])
+    slots = max(0, min(room, growth - idle_slots))
     if slots == 0:
         return 0, []
-    return slots, [f"warm pool: {slots} slots for forecast peak of {peak_replicas} within node provisioning"]
-
+    idle = f", less {idle_slots} idle node slots" if idle_slots else ""
+    capped = " (capped)" if growth - idle_slots > room else ""
+    return slots, [f"warm pool: {slots} slots{capped} beyond {replicas} replicas for {why}{idle}"]

@@ -1,0 +1,177 @@
+"""A fleet of fake model servers that follows the model Deployment: one server per Ready pod, at the pod's IP.
+
+    python -m loadtest.fleet --kubeconfig FILE --namespace NS --selector app=model --port 8000 \
+        [--concurrency 16] [--time-scale 0.1] [--targets-file F.json] [--upstreams-file F.conf] \
+        [--nginx-pid-file F.pid] [--events-file F.jsonl]
+
+kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.42.0.0/16`), so a
+server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
+Every `poll_s` the fleet lists the Deployment's pods: a Ready pod with an IP gets a server; a pod that is
+deleted (or being deleted, or no longer Ready) has its server drained: it refuses new connections and
+finishes what it has. After each change the fleet rewrites Prometheus' file_sd targets and nginx's
+upstream list, and asks nginx to reload (SIGHUP), so the gateway balances over exactly the live servers.
+Each start and drain is one JSON line in `--events-file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+from loadtest.fakeserver import FakeModelServer, RunningServer
+
+# The upstream list may not be empty: a server that refuses connections stands in while no pod is Ready.
+NO_SERVER = "server 127.0.0.1:9 max_fails=0;  # no Ready pod\n"
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    ip: str | None
+    ready: bool
+    deleting: bool
+
+    @property
+    def serving(self) -> bool:
+        return self.ready and self.ip is not None and not self.deleting
+
+
+def pod_view(pod) -> PodView:
+    conditions = (pod.status.conditions or []) if pod.status else []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    return PodView(pod.metadata.name, pod.status.pod_ip if pod.status else None, ready,
+                   pod.metadata.deletion_timestamp is not None)
+
+
+class Fleet:
+    def __init__(self, api: client.CoreV1Api, *, namespace: str, selector: str, port: int, concurrency: int,
+                 time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
+                 nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2) -> None:
+        self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
+        self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
+        self.targets_file, self.upstreams_file, self.nginx_pid_file = targets_file, upstreams_file, nginx_pid_file
+        self.events = events_file.open("a") if events_file else None
+        self.servers: dict[str, RunningServer] = {}  # pod name -> its server
+        self.draining: set[asyncio.Task] = set()
+
+    def _event(self, kind: str, pod: str, **fields) -> None:
+        if self.events is not None:
+            self.events.write(json.dumps({"t": time.time(), "event": kind, "pod": pod, **fields}) + "\n")
+            self.events.flush()
+
+    async def sync(self) -> bool:
+        """One reconciliation; returns whether the set of servers changed."""
+        pods = await self.api.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        views = {p.name: p for p in map(pod_view, pods.items)}
+        changed = False
+        for name in list(self.servers):
+            view = views.get(name)
+            if view is None or not view.serving:
+                server = self.servers.pop(name)
+                task = asyncio.create_task(self._drain(name, server))
+                self.draining.add(task)
+                task.add_done_callback(self.draining.discard)
+                changed = True
+        for name, view in views.items():
+            if view.serving and name not in self.servers:
+                server = RunningServer(FakeModelServer(concurrency=self.concurrency, time_scale=self.time_scale),
+                                       view.ip, self.port)
+                try:
+                    await server.start()
+                except OSError as exc:  # the address is still held by a server draining on it: next round
+                    self._event("start_failed", name, ip=view.ip, error=str(exc))
+                    continue
+                self.servers[name] = server
+                self._event("started", name, ip=view.ip)
+                changed = True
+        if changed:
+            self.publish()
+        return changed
+
+    async def _drain(self, name: str, server: RunningServer) -> None:
+        in_flight = server.server.in_flight
+        self._event("draining", name, in_flight=in_flight)
+        await server.drain()
+        self._event("drained", name, in_flight=in_flight)
+
+    def publish(self) -> None:
+        """Tell Prometheus and nginx which servers are live."""
+        addresses = sorted(f"{s.host}:{s.port}" for s in self.servers.values())
+        if self.targets_file is not None:
+            _replace(self.targets_file, json.dumps([{"targets": addresses, "labels": {"namespace": self.namespace}}]))
+        if self.upstreams_file is not None:
+            _replace(self.upstreams_file, "".join(f"server {a} max_fails=0;\n" for a in addresses) or NO_SERVER)
+            if self.nginx_pid_file is not None and self.nginx_pid_file.exists():
+                try:
+                    os.kill(int(self.nginx_pid_file.read_text().strip()), signal.SIGHUP)
+                except (ValueError, ProcessLookupError):
+                    pass  # nginx not (yet) running: it reads the file when it starts
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.publish()
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except (client.exceptions.ApiException, OSError, asyncio.TimeoutError) as exc:
+                self._event("list_failed", "", error=str(exc))
+            try:
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+        for name, server in list(self.servers.items()):  # the fleet stops: every server drains
+            self.draining.add(asyncio.create_task(self._drain(name, server)))
+        self.servers.clear()
+        await asyncio.gather(*self.draining)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtest.fleet", description=__doc__.splitlines()[0])
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--selector", required=True, help="the model Deployment's label selector, e.g. app=model")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--time-scale", type=float, default=1.0, help="every duration times this (1 / compression)")
+    p.add_argument("--poll-s", type=float, default=0.2)
+    p.add_argument("--targets-file", type=Path, default=None, help="Prometheus file_sd JSON to keep current")
+    p.add_argument("--upstreams-file", type=Path, default=None, help="nginx upstream servers to keep current")
+    p.add_argument("--nginx-pid-file", type=Path, default=None, help="nginx master to SIGHUP after a change")
+    p.add_argument("--events-file", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration)
+    async with client.ApiClient(configuration=configuration) as api:
+        fleet = Fleet(client.CoreV1Api(api), namespace=args.namespace, selector=args.selector, port=args.port,
+                      concurrency=args.concurrency, time_scale=args.time_scale, targets_file=args.targets_file,
+                      upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
+                      events_file=args.events_file, poll_s=args.poll_s)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await fleet.run(stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_main(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""An open-loop load generator: replays requests against the gateway on the trace's own (compressed) clock
+and records what became of every one.
+
+    python -m loadtest.loadgen --requests REQUESTS.jsonl --url http://127.0.0.1:PORT --factor 10 --out RECORDS.jsonl
+
+Each request line: `{"i", "t_s", "class", "input_tokens", "output_tokens"}` (time at factor 1). Request i is
+sent at t_s / factor after the start whatever happened to the others (open loop: a slow server does not
+slow the offered load), as an OpenAI completion with the priority header. Each record line:
+`{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "error"}`, times at factor 1:
+`queue_s` is the server's `x-queue-seconds` (time waiting for a slot), `latency_s` the whole exchange;
+status 429 is a request the gateway shed; status 0 with an error is a request that got no answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+PRIORITY_HEADER = "x-request-priority"
+
+
+@dataclass(frozen=True)
+class Request:
+    i: int
+    t_s: float
+    cls: str
+    input_tokens: int
+    output_tokens: int
+
+    def to_json(self) -> dict:
+        return {"i": self.i, "t_s": self.t_s, "class": self.cls, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Request":
+        return cls(int(d["i"]), float(d["t_s"]), str(d["class"]), int(d["input_tokens"]), int(d["output_tokens"]))
+
+
+async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, factor: float, start: float,
+               timeout: aiohttp.ClientTimeout) -> dict:
+    sent = time.monotonic()
+    record = {"i": request.i, "class": request.cls, "sent_s": (sent - start) * factor,
+              "late_s": max(0.0, (sent - start) * factor - request.t_s), "status": 0, "queue_s": None,
+              "latency_s": None, "error": None}
+    body = {"model": "fake-model", "prompt": [0] * request.input_tokens, "max_tokens": request.output_tokens}
+    try:
+        async with session.post(f"{url}/v1/completions", json=body, headers={PRIORITY_HEADER: request.cls},
+                                timeout=timeout) as response:
+            await response.read()
+            record["status"] = response.status
+            queued = response.headers.get("x-queue-seconds")
+            if queued is not None:
+                record["queue_s"] = float(queued) * factor
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    record["latency_s"] = (time.monotonic() - sent) * factor
+    return record
+
+
+async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
+                 timeout_s: float = 3600.0) -> None:
+    """Send every request on schedule; write one record per request (in completion order) to `out`."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s / factor)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a connection per request, like many clients
+    pending: set[asyncio.Task] = set()
+    with out.open("w") as sink:
+        def done(task: asyncio.Task) -> None:
+            pending.discard(task)
+            sink.write(json.dumps(task.result()) + "\n")
+
+        async with aiohttp.ClientSession(connector=connector) as session:
+            start = time.monotonic()
+            for request in sorted(requests, key=lambda r: r.t_s):
+                delay = start + request.t_s / factor - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(_one(session, url, request, factor=factor, start=start, timeout=timeout))
+                pending.add(task)
+                task.add_done_callback(done)
+            while pending:
+                await asyncio.gather(*list(pending))
+
+
+def read_requests(path: Path) -> list[Request]:
+    return [Request.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_requests(path: Path, requests: list[Request]) -> None:
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in requests))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtest.loadgen", description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=Path, required=True)
+    p.add_argument("--url", required=True, help="the gateway")
+    p.add_argument("--factor", type=float, default=1.0, help="time compression")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out))
+
+
+if __name__ == "__main__":
+    main()
