@@ -105,8 +105,10 @@ def test_cluster_state_learns_startup_durations(cluster, namespace):
             if state.ready_replicas == 1:
                 break
             await asyncio.sleep(0.5)
+        # a controller started later (a restart) gets back the start-up of the pod already Ready
         late = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
-        assert (await late.read(time.time())).startup_durations_s == ()  # Ready before it watched
+        [given_back] = (await late.read(time.time())).startup_durations_s
+        assert 2.0 <= given_back <= 15.0
         await ScaleActuator(kube, namespace=ns, kind="Deployment", name="model", min_replicas=1,
                             max_replicas=4).scale(3)
         for _ in range(60):
@@ -128,10 +130,19 @@ def test_cluster_state_learns_startup_durations(cluster, namespace):
 def test_placeholder_copies_the_replica_shape(cluster, namespace):
     ns = namespace
     target = deploy(cluster, ns, replicas=1)
-    # add an affinity and a second GPU container so the shape is non-trivial
-    patch = {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}}}}}
+    # an affinity, CPU and memory, a sidecar and an init container, so the shape is non-trivial: the pod
+    # needs max(7.5 CPU running, 16 CPU to init) and max(32Gi, 8Gi)
+    patch = {"spec": {"template": {"spec": {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
+        "containers": [
+            {"name": "vllm", "image": "vllm/vllm-openai:latest",
+             "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "7", "memory": "30Gi"},
+                           "limits": {"nvidia.com/gpu": "1", "memory": "30Gi"}}},
+            {"name": "proxy", "image": "envoy", "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}}}],
+        "initContainers": [
+            {"name": "download", "image": "fetch", "resources": {"requests": {"cpu": "16", "memory": "8Gi"}}}],
+    }}}}
     status, _ = cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", patch)
     assert status == 200
     status, _ = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
@@ -161,7 +172,8 @@ def test_placeholder_copies_the_replica_shape(cluster, namespace):
     assert spec["nodeSelector"] == want["nodeSelector"]
     assert spec["tolerations"] == want["tolerations"]
     assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert spec["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert spec["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "32Gi", "nvidia.com/gpu": "1"}
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert spec["containers"][0]["image"].startswith("registry.k8s.io/pause")
 
 

@@ -2,7 +2,8 @@
 
 - spec / ready replicas from the target's scale subresource and status; starting = spec - ready;
 - pods of the target (its selector): unschedulable ones (PodScheduled=False, reason Unschedulable), and
-  creation -> Ready durations of pods that became Ready since the last read (each pod reported once),
+  creation -> Ready durations of pods that became Ready since the last read (each pod reported once; at
+  the first read, those of every Ready pod, so a restarted controller gets back what it had learned),
   which feed the policy's learned lead time;
 - ready warm slots: ready replicas of the placeholder Deployment.
 """
@@ -23,7 +24,6 @@ class ClusterReader:
         self.namespace, self.kind, self.name = namespace, kind, name
         self.warm_pool_name = warm_pool_name
         self._reported: set[str] = set()
-        self._first_read = True
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
     async def _workload(self):
@@ -60,11 +60,11 @@ class ClusterReader:
                 self._reported.add(uid)
                 created = object_time(pod.metadata.creation_timestamp)
                 became = object_time(ready_c.last_transition_time)
-                # Pods already Ready at the first read started before we watched: no duration to learn.
-                if not self._first_read and created is not None and became is not None and became >= created:
+                # Pods already Ready at the first read (a restarted controller) give their start-up back too:
+                # the API keeps creation and Ready times.
+                if created is not None and became is not None and became >= created:
                     durations.append(became - created)
         self._reported &= seen
-        self._first_read = False
         warm = 0
         if self.warm_pool_name:
             try:

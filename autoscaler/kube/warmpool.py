@@ -1,35 +1,29 @@
 """The warm pool: a Deployment of pause-container placeholder pods shaped like one model replica.
 
-Each placeholder requests what one replica's pod requests of extended resources (GPUs) and copies the
-scheduling constraints (node selector, affinity, tolerations), so preempting one frees exactly one
-replica's worth of usable capacity. Its PriorityClass is negative but not below the cluster-autoscaler's
+Each placeholder requests what one replica's pod requests, all of it (GPUs, CPU, memory, as the scheduler
+counts a pod: `quantity.effective_resources`), and copies the scheduling constraints (node selector,
+affinity, tolerations), so a node provisioned for a placeholder fits the replica, and preempting one frees
+exactly one replica's worth of usable capacity. Its PriorityClass is negative but not below the cluster-autoscaler's
 expendable cutoff (-10), so a preempted placeholder still triggers a new node."""
 
 from __future__ import annotations
 
-from autoscaler.kube.client import Kube, with_backoff
 from autoscaler.errors import PermanentError
+from autoscaler.kube.client import Kube, with_backoff
+from autoscaler.kube.quantity import effective_resources, format_quantity
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "inference-autoscaler"}
 NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
-
-
-def _extended(resources: dict[str, str] | None) -> dict[str, str]:
-    return {k: v for k, v in (resources or {}).items() if not k.startswith(NATIVE)}
 
 
 def placeholder_spec(template, *, name: str, priority_class: str, pause_image: str,
                      serialize=lambda obj: obj) -> dict:
     """The placeholder Deployment for a target pod template (a V1PodTemplateSpec)."""
     spec = template.spec
-    requests: dict[str, int] = {}
-    limits: dict[str, int] = {}
-    for container in spec.containers or []:
-        resources = container.resources
-        for key, value in _extended(resources.requests if resources else None).items():
-            requests[key] = requests.get(key, 0) + int(value)
-        for key, value in _extended(resources.limits if resources else None).items():
-            limits[key] = limits.get(key, 0) + int(value)
+    requests, _ = effective_resources(spec)
+    # The scheduler places by requests; extended resources (GPUs, MIG slices) must also be limited to the
+    # same amount. CPU and memory get no limit: the pause container uses neither.
+    limits = {k: v for k, v in requests.items() if not k.startswith(NATIVE)}
     labels = {"inference-autoscaler/warm-pool": name, **MANAGED_BY}
     pod_spec: dict = {
         "priorityClassName": priority_class,
@@ -37,8 +31,8 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
         "containers": [{
             "name": "placeholder",
             "image": pause_image,
-            "resources": {"requests": {k: str(v) for k, v in requests.items()},
-                          "limits": {k: str(v) for k, v in limits.items()}},
+            "resources": {"requests": {k: format_quantity(v) for k, v in sorted(requests.items())},
+                          "limits": {k: format_quantity(v) for k, v in sorted(limits.items())}},
         }],
     }
     if spec.node_selector:
