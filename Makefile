@@ -33,7 +33,7 @@ system: $(SYSTEM_STAMP)
 
 # kube-apiserver, etcd, kube-scheduler, kube-controller-manager and kwok, cached outside the repository.
 kube:
-	@tests/kube/build.sh
+	@loadtest/kube/build.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

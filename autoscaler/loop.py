@@ -56,6 +56,12 @@ class WarmSlots(Protocol):
 class EventSink(Protocol):
     async def scaled(self, *, before: int, after: int, reasons: tuple[str, ...], now: float) -> None: ...
 
+    async def capacity_unavailable(self, *, replicas: int, reasons: tuple[str, ...], now: float) -> None: ...
+
+
+# A CapacityUnavailable Warning is repeated at most this often while the shortfall stays the same.
+CAPACITY_EVENT_EVERY_S = 300.0
+
 
 @dataclass
 class PriorityCounter:
@@ -91,6 +97,7 @@ class Controller:
     clock: Clock = field(default_factory=SystemClock)
     state: Any = field(default_factory=initial_state)
     last_tick_s: float | None = None
+    _capacity_event: tuple[int, float] | None = None  # (unplaceable replicas, when) of the last Warning
 
     def _error(self, exc: Exception, where: str) -> None:
         kind = getattr(exc, "kind", type(exc).__name__)
@@ -137,13 +144,16 @@ class Controller:
         started = time.perf_counter()
         now = self.clock.now()
         signals = await self.collect(now)
-        decision, self.state = decide(self.settings.policy, self.state, signals, now)
+        # In a worker thread: a scheduled statsmodels refit takes up to about a second on a week of history,
+        # during which the admission endpoint and the probe on this event loop must keep answering.
+        decision, self.state = await asyncio.to_thread(decide, self.settings.policy, self.state, signals, now)
         cluster = signals.cluster
         current = cluster.spec_replicas if cluster else None
         queue = signals.queue_depth.value if signals.queue_depth is not None else None
         await self.board.publish(Published(decision, current if current is not None else decision.replicas,
                                            queue, now))
-        self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None)
+        self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None,
+                            unschedulable=cluster.unschedulable_pods if cluster else None)
         leader = self.is_leader()
         self.metrics.leader.set(1 if leader else 0)
         log.info("decision", mode=self.settings.mode.value, leader=leader, valid=decision.valid,
@@ -155,7 +165,22 @@ class Controller:
         self.last_tick_s = now
         return decision
 
+    async def _warn_capacity(self, decision: Decision, now: float) -> None:
+        stuck = decision.unplaceable_replicas
+        last = self._capacity_event
+        if stuck == 0 or self.events is None:
+            self._capacity_event = None if stuck == 0 else last
+            return
+        if last is not None and last[0] == stuck and now - last[1] < CAPACITY_EVENT_EVERY_S:
+            return
+        try:
+            await self.events.capacity_unavailable(replicas=stuck, reasons=decision.reasons, now=now)
+            self._capacity_event = (stuck, now)
+        except EdgeError as exc:
+            self._error(exc, "event")
+
     async def act(self, decision: Decision, now: float) -> None:
+        await self._warn_capacity(decision, now)
         if self.scaler is not None:
             try:
                 changed = await self.scaler.scale(decision.replicas)

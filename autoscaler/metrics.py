@@ -13,6 +13,10 @@ class ControllerMetrics:
         self.decided = Gauge("autoscaler_decided_replicas", "Replicas the last decision asked for", registry=r)
         self.current = Gauge("autoscaler_current_replicas", "Replicas the target has (spec)", registry=r)
         self.ready = Gauge("autoscaler_ready_replicas", "Ready replicas of the target", registry=r)
+        self.unschedulable = Gauge("autoscaler_unschedulable_replicas",
+                                   "Replicas waiting for a node (normal while one is provisioned)", registry=r)
+        self.unplaceable = Gauge("autoscaler_unplaceable_replicas",
+                                 "Ordered replicas no node can be provisioned for (a limit, a quota)", registry=r)
         self.warm = Gauge("autoscaler_warm_slots", "Warm (placeholder) slots decided", registry=r)
         self.shed = Gauge("autoscaler_shed_ratio", "Fraction shed per priority", ["priority"], registry=r)
         self.forecast = Gauge("autoscaler_forecast_requests_per_second", "Forecast demand at now + lead time",
@@ -27,14 +31,18 @@ class ControllerMetrics:
         self.admission = Counter("autoscaler_admission_requests_total", "Admission answers",
                                  ["priority", "result"], registry=r)
 
-    def record(self, decision: Decision, *, current: int | None, ready: int | None) -> None:
+    def record(self, decision: Decision, *, current: int | None, ready: int | None,
+               unschedulable: int | None = None) -> None:
         self.decided.set(decision.replicas)
         self.warm.set(decision.warm_slots)
+        self.unplaceable.set(decision.unplaceable_replicas)
         self.valid.set(1 if decision.valid else 0)
         if current is not None:
             self.current.set(current)
         if ready is not None:
             self.ready.set(ready)
+        if unschedulable is not None:
+            self.unschedulable.set(unschedulable)
         for priority, level in decision.shed.items():
             self.shed.labels(priority).set(level)
         if decision.forecast_rate_per_s is not None:

@@ -82,7 +82,8 @@ def health_app(controller: Controller, metrics: ControllerMetrics, board: Decisi
 
 
 async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app)
+    # No access log: the admission endpoint answers every request of the gateway; its counts are metrics.
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

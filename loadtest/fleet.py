@@ -7,9 +7,10 @@
 kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.42.0.0/16`), so a
 server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
 Every `poll_s` the fleet lists the Deployment's pods: a Ready pod with an IP gets a server; a pod that is
-deleted (or being deleted, or no longer Ready) has its server drained: it refuses new connections and
-finishes what it has. After each change the fleet rewrites Prometheus' file_sd targets and nginx's
-upstream list, and asks nginx to reload (SIGHUP), so the gateway balances over exactly the live servers.
+deleted (or being deleted, or no longer Ready) leaves the gateway's list at once and, `drain_delay_s`
+later (a preStop sleep, while the gateway's reload takes effect), its server drains: it refuses new
+connections and finishes what it has. After each change the fleet rewrites Prometheus' file_sd targets and
+nginx's upstream list, and asks nginx to reload (SIGHUP), so the gateway balances over the live servers.
 Each start and drain is one JSON line in `--events-file`.
 """
 
@@ -54,9 +55,11 @@ def pod_view(pod) -> PodView:
 class Fleet:
     def __init__(self, api: client.CoreV1Api, *, namespace: str, selector: str, port: int, concurrency: int,
                  time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
-                 nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2) -> None:
+                 nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2,
+                 drain_delay_s: float = 0.5) -> None:
         self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
         self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
+        self.drain_delay_s = drain_delay_s
         self.targets_file, self.upstreams_file, self.nginx_pid_file = targets_file, upstreams_file, nginx_pid_file
         self.events = events_file.open("a") if events_file else None
         self.servers: dict[str, RunningServer] = {}  # pod name -> its server
@@ -97,6 +100,7 @@ class Fleet:
         return changed
 
     async def _drain(self, name: str, server: RunningServer) -> None:
+        await asyncio.sleep(self.drain_delay_s)  # out of the gateway's list first (see publish)
         in_flight = server.server.in_flight
         self._event("draining", name, in_flight=in_flight)
         await server.drain()
@@ -148,6 +152,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0, help="every duration times this (1 / compression)")
     p.add_argument("--poll-s", type=float, default=0.2)
+    p.add_argument("--drain-delay-s", type=float, default=0.5, help="out of the gateway this long before draining")
     p.add_argument("--targets-file", type=Path, default=None, help="Prometheus file_sd JSON to keep current")
     p.add_argument("--upstreams-file", type=Path, default=None, help="nginx upstream servers to keep current")
     p.add_argument("--nginx-pid-file", type=Path, default=None, help="nginx master to SIGHUP after a change")
@@ -162,7 +167,7 @@ async def _main(args: argparse.Namespace) -> None:
         fleet = Fleet(client.CoreV1Api(api), namespace=args.namespace, selector=args.selector, port=args.port,
                       concurrency=args.concurrency, time_scale=args.time_scale, targets_file=args.targets_file,
                       upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
-                      events_file=args.events_file, poll_s=args.poll_s)
+                      events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

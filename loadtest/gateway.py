@@ -30,12 +30,15 @@ def _substitute(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def render(*, tmp: Path, port: int, admission: str, upstreams: Path, worker_processes: int = 1) -> str:
-    """A complete nginx.conf around the shipped server configuration."""
+def render(*, tmp: Path, port: int, admission: str | list[str], upstreams: Path, worker_processes: int = 1) -> str:
+    """A complete nginx.conf around the shipped server configuration. Several admission endpoints (several
+    controller replicas, as behind their Service) are balanced, a refused connection tried on the next."""
     server = SHIPPED.read_text()
     server = _substitute(server, UPSTREAM_LINE, f"upstream model {{ least_conn; include {upstreams}; }}")
     server = _substitute(server, LISTEN_LINE, f"listen 127.0.0.1:{port};")
-    server = _substitute(server, ADMISSION_URL, f"{admission}/auth_request")
+    endpoints = [admission] if isinstance(admission, str) else list(admission)
+    hosts = " ".join(f"server {e.removeprefix('http://')} max_fails=0;" for e in endpoints)
+    server = f"upstream admission {{ {hosts} }}\n" + _substitute(server, ADMISSION_URL, "http://admission/auth_request")
     return f"""
 worker_processes {worker_processes};
 daemon off;
@@ -59,7 +62,7 @@ def nginx_binary() -> str:
 
 
 @contextlib.contextmanager
-def gateway(*, admission: str, upstreams: Path | None = None, port: int | None = None):
+def gateway(*, admission: str | list[str], upstreams: Path | None = None, port: int | None = None):
     """nginx on 127.0.0.1:`port` asking `admission` (base URL) per request and balancing over the servers
     listed in `upstreams` (a file of `server host:port;` lines). Yields (url, pid file)."""
     port = port or free_port()

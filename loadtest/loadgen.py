@@ -64,8 +64,9 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
 
 
 async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
-                 timeout_s: float = 3600.0) -> None:
-    """Send every request on schedule; write one record per request (in completion order) to `out`."""
+                 timeout_s: float = 3600.0, start_at: float | None = None) -> None:
+    """Send every request on schedule; write one record per request (in completion order) to `out`.
+    `start_at`: the wall-clock time (unix seconds) of t = 0, shared with whoever watches the run."""
     timeout = aiohttp.ClientTimeout(total=timeout_s / factor)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a connection per request, like many clients
     pending: set[asyncio.Task] = set()
@@ -76,6 +77,8 @@ async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
 
         async with aiohttp.ClientSession(connector=connector) as session:
             start = time.monotonic()
+            if start_at is not None:
+                start += start_at - time.time()
             for request in sorted(requests, key=lambda r: r.t_s):
                 delay = start + request.t_s / factor - time.monotonic()
                 if delay > 0:
@@ -101,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", required=True, help="the gateway")
     p.add_argument("--factor", type=float, default=1.0, help="time compression")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--start-at", type=float, default=None, help="unix time of t = 0 (default: now)")
     args = p.parse_args(argv)
-    asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out))
+    asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out,
+                       start_at=args.start_at))
 
 
 if __name__ == "__main__":

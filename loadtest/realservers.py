@@ -89,21 +89,31 @@ def prometheus_binary() -> str:
 
 
 @contextlib.contextmanager
-def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int | None = None):
-    """Debian's Prometheus scraping `targets` (host:port) every `scrape_interval_s` (on `port`, or a free one)."""
+def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int | None = None,
+               file_sd: Path | None = None):
+    """Debian's Prometheus scraping `targets` (host:port), and those listed in the file_sd JSON `file_sd` (kept
+    current by whoever writes it), every `scrape_interval_s` (on `port`, or a free one)."""
     port = port or free_port()
+    interval = f"{round(scrape_interval_s * 1000)}ms"
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "prometheus.yml"
-        config.write_text(
+        text = (
             "global:\n"
-            f"  scrape_interval: {scrape_interval_s:g}s\n"
-            f"  evaluation_interval: {scrape_interval_s:g}s\n"
+            f"  scrape_interval: {interval}\n"
+            f"  evaluation_interval: {interval}\n"
+            f"  scrape_timeout: {interval}\n"
             "scrape_configs:\n"
             "  - job_name: model\n"
             "    static_configs:\n"
             f"      - targets: {json.dumps(targets)}\n"
             "        labels: {namespace: llm}\n"
         )
+        if file_sd is not None:
+            text += ("  - job_name: fleet\n"
+                     "    file_sd_configs:\n"
+                     f"      - files: [{json.dumps(str(file_sd))}]\n"
+                     "        refresh_interval: 1s\n")
+        config.write_text(text)
         proc = subprocess.Popen(
             [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],

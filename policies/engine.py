@@ -20,6 +20,7 @@ from policies.queueing import servers_for
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.bounds import bound
+from policies.stages.capacity import unplaceable
 from policies.stages.combine import combine, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.growth import growth_risk
@@ -141,9 +142,14 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     risk, risk_why = state.growth_risk
     level = fc.level_now(forecast_state, clean.arrival_rate_per_s)
     risk_n = replicas_for_rate(spec, level * (1.0 + risk) * sizing, service_s) if level > 0 else None
+    stuck, why = unplaceable(spec, cluster)
+    reasons += why
     warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n,
                            risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=cluster.idle_slots)
-    reasons += why
+    if stuck:
+        warm = 0
+    else:
+        reasons += why
     shed, why = shed_levels(spec, clean, service_s)
     reasons += why
 
@@ -158,6 +164,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         forecast_upper_rate_per_s=predicted[1] if predicted else None,
         lead_time_s=lead,
         refitted=refitted,
+        unplaceable_replicas=stuck,
         reasons=tuple(reasons),
     )
     state = replace(

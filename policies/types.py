@@ -35,7 +35,11 @@ class ClusterState:
     spec_replicas: int
     ready_replicas: int
     starting_replicas: int = 0
-    unschedulable_pods: int = 0
+    unschedulable_pods: int = 0  # waiting for a node (normal while one is provisioned)
+    # ...of which the node provisioner said it cannot place them (e.g. a GPU limit), and its words
+    no_capacity_pods: int = 0
+    no_capacity_reason: str = ""
+    oldest_unschedulable_s: float = 0.0  # how long the longest-waiting pod has waited for a node
     warm_slots_ready: int = 0
     # Free replica-shaped capacity on nodes that exist (idle nodes, room on partly used ones): lands a
     # replica after its start-up only, like a warm slot, at no extra cost.
@@ -158,5 +162,7 @@ class Decision:
     lead_time_s: float | None = None
     # True on the tick the forecaster was refitted by statsmodels (the expensive tick), for profiling.
     refitted: bool = False
+    # Ordered replicas the node provisioner cannot place (see stages/capacity.py).
+    unplaceable_replicas: int = 0
     valid: bool = True
     reasons: tuple[str, ...] = ()

@@ -13,7 +13,7 @@ def spec() -> PolicySpec:
 @pytest.fixture(scope="session")
 def cluster():
     """A real control plane with scheduler, controller-manager and kwok, and three fake 8-GPU nodes."""
-    from kubeenv import control_plane, gpu_node
+    from loadtest.kube.controlplane import control_plane, gpu_node
 
     with control_plane(with_pods=True) as cp:
         for i in range(3):

@@ -9,7 +9,7 @@ import pytest
 from autoscaler.config import Settings
 from autoscaler.runtime import run
 
-from kubeenv import model_deployment
+from loadtest.kube.controlplane import model_deployment
 from loopthread import LoopThread
 from servers import fake_model_server, free_port, post_json, prometheus, wait_for_series
 

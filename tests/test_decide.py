@@ -149,3 +149,20 @@ def test_warm_pool_insures_the_growth_it_is_told_to_and_explains_each_slot(spec)
                         queue_depth=base.queue_depth, service_time_s=base.service_time_s)
     d, _ = run(insured, steps[:-1] + [(steps[-1][0], with_idle)])
     assert d[-1].warm_slots == last.warm_slots - 3
+
+
+def test_unplaceable_replicas_keep_no_warm_slots_and_shed_by_priority(spec):
+    insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
+    steps = [(i * 15.0, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=6)) for i in range(40)]
+    decisions, state = run(insured, steps)
+    assert decisions[-1].warm_slots > 0
+    now = 40 * 15.0
+    capped = Signals(cluster=ClusterState(spec_replicas=10, ready_replicas=5, unschedulable_pods=5, no_capacity_pods=5,
+                                          no_capacity_reason="karpenter: exceed limits", at_s=now),
+                     arrival_rate_per_s=Sample(60.0, now), in_flight=Sample(40.0, now), queue_depth=Sample(20.0, now),
+                     service_time_s=Sample(1.0, now),
+                     arrival_rate_by_priority={"critical": 12.0, "standard": 30.0, "sheddable": 18.0})
+    d, _ = decide(insured, state, capped, now)
+    assert d.unplaceable_replicas == 5 and d.warm_slots == 0
+    assert any(r.startswith("capacity: 5 replicas cannot get a node (karpenter: exceed limits)") for r in d.reasons)
+    assert d.shed["sheddable"] > 0  # 60 req/s against what 5 ready replicas serve

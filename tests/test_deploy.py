@@ -17,7 +17,7 @@ from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import WarmPool
 
-from kubeenv import ROOT, binaries, model_deployment
+from loadtest.kube.controlplane import ROOT, binaries, model_deployment
 
 NS, MODEL, SA = "llm", "llama-3-8b", "inference-autoscaler"
 PATHS = {

@@ -14,7 +14,7 @@ from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import WarmPool
 
-from kubeenv import model_deployment
+from loadtest.kube.controlplane import model_deployment
 
 _names = itertools.count()
 

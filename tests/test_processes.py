@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from kubeenv import model_deployment
+from loadtest.kube.controlplane import model_deployment
 from servers import fake_model_server, free_port, post_json, prometheus, stop, wait_http
 
 

@@ -11,7 +11,7 @@ from autoscaler.signals.scrape import KubePodEndpoints, ScrapeSource
 from policies import PolicySpec, Signals
 from policies.stages.sanitize import sanitize
 
-from kubeenv import model_deployment
+from loadtest.kube.controlplane import model_deployment
 from servers import fake_model_server, free_port, post_json
 
 

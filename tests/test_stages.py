@@ -323,3 +323,21 @@ def test_on_off_traffic_is_never_an_outage():
     spec = PolicySpec()
     fs, now = _feed(spec, ([600.0] * 6 + [0.0] * 10) * 20)
     assert fs.outage_since_s is None
+
+
+def test_replicas_that_cannot_get_a_node_are_named_and_the_warm_pool_yields():
+    from policies import ClusterState
+    from policies.stages.capacity import unplaceable
+
+    spec = PolicySpec(node_provisioning_s=300.0)
+    told = ClusterState(spec_replicas=12, ready_replicas=9, unschedulable_pods=3, no_capacity_pods=2,
+                        no_capacity_reason="karpenter: all available instance types exceed limits", at_s=0.0)
+    count, reasons = unplaceable(spec, told)
+    assert count == 2 and "exceed limits" in reasons[0] and "not counted as capacity on the way" in reasons[0]
+    waiting = ClusterState(spec_replicas=12, ready_replicas=9, unschedulable_pods=3, oldest_unschedulable_s=200.0,
+                           at_s=0.0)
+    assert unplaceable(spec, waiting)[0] == 0  # a node is on its way
+    overdue = ClusterState(spec_replicas=12, ready_replicas=9, unschedulable_pods=3, oldest_unschedulable_s=1000.0,
+                           at_s=0.0)
+    count, reasons = unplaceable(spec, overdue)
+    assert count == 3 and "waiting for a node for 1000 s" in reasons[0]

@@ -2,16 +2,26 @@
 
 - spec / ready replicas from the target's scale subresource and status; starting = spec - ready;
 - pods of the target (its selector): unschedulable ones (PodScheduled=False, reason Unschedulable), and
-  creation -> Ready durations of pods that became Ready since the last read (each pod reported once; at
-  the first read, those of every Ready pod, so a restarted controller gets back what it had learned),
-  which feed the policy's learned lead time;
-- ready warm slots: ready replicas of the placeholder Deployment.
+  start-up durations (scheduled on a node -> Ready) of pods that became Ready since the last read (each
+  pod reported once; at the first read, those of every Ready pod, so a restarted controller gets back what
+  it had learned), which feed the policy's learned lead time;
+- ready warm slots: ready replicas of the placeholder Deployment;
+- pods that wait for a node (PodScheduled=False, Unschedulable) and, among them, those a node provisioner
+  said it cannot place (a FailedScheduling or NotTriggerScaleUp Event from anyone but the scheduler itself,
+  which reports every pod waiting for a new node: Karpenter's "all available instance types exceed limits
+  for nodepool", the cluster-autoscaler's "pod didn't trigger scale-up"), with that message; and how long
+  the oldest pod has been waiting, so the policy can tell a node on its way from one that is not coming.
 """
 
 from __future__ import annotations
 
 from autoscaler.kube.client import Kube, object_time
 from policies.types import ClusterState
+
+SCHEDULER = "default-scheduler"
+NO_CAPACITY_REASONS = ("FailedScheduling", "NotTriggerScaleUp")
+# A provisioner's "cannot" counts while it is recent: it repeats it while it still cannot.
+NO_CAPACITY_MEMORY_S = 120.0
 
 
 def label_selector(match_labels: dict[str, str]) -> str:
@@ -31,6 +41,24 @@ class ClusterReader:
                 else self.kube.apps.read_namespaced_stateful_set)
         return await self.kube.call(f"read {self.kind} {self.namespace}/{self.name}", read, self.name, self.namespace)
 
+    async def _no_capacity(self, waiting: dict[str, float | None], now: float) -> tuple[int, str]:
+        """How many of the waiting pods a provisioner said it cannot place (recently), and what it said."""
+        events = await self.kube.call(
+            f"list events {self.namespace}", self.kube.core.list_namespaced_event, self.namespace,
+            field_selector="involvedObject.kind=Pod",
+        )
+        stuck, message = set(), ""
+        for event in events.items:
+            source = (event.source.component if event.source else None) or event.reporting_component or ""
+            name = event.involved_object.name if event.involved_object else None
+            if name not in waiting or event.reason not in NO_CAPACITY_REASONS or source == SCHEDULER:
+                continue
+            at = object_time(event.last_timestamp or event.event_time or event.metadata.creation_timestamp)
+            if at is not None and now - at <= NO_CAPACITY_MEMORY_S:
+                stuck.add(name)
+                message = f"{source}: {event.message}"
+        return len(stuck), message
+
     async def pod_template(self):
         """The target's pod template: from this tick's read when there was one, else read now."""
         if self._template is None:
@@ -47,23 +75,26 @@ class ClusterReader:
             f"list pods {self.namespace} {selector}", self.kube.core.list_namespaced_pod, self.namespace,
             label_selector=selector,
         )
-        unschedulable, durations, seen = 0, [], set()
+        durations, seen, waiting = [], set(), {}
         for pod in pods.items:
             uid = pod.metadata.uid
             seen.add(uid)
             conditions = {c.type: c for c in (pod.status.conditions or [])} if pod.status else {}
             scheduled = conditions.get("PodScheduled")
             if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
-                unschedulable += 1
+                waiting[pod.metadata.name] = object_time(pod.metadata.creation_timestamp)
             ready_c = conditions.get("Ready")
             if ready_c is not None and ready_c.status == "True" and uid not in self._reported:
                 self._reported.add(uid)
-                created = object_time(pod.metadata.creation_timestamp)
+                # Start-up is from the pod's placement on a node to Ready (image pull, weight load, warm-up):
+                # a pod that first waited for a node to be provisioned must not count that wait twice (the
+                # policy adds node provisioning itself when no warm slot is free). Pods already Ready at the
+                # first read (a restarted controller) give their start-up back too.
+                began = object_time(scheduled.last_transition_time) if scheduled is not None and \
+                    scheduled.status == "True" else object_time(pod.metadata.creation_timestamp)
                 became = object_time(ready_c.last_transition_time)
-                # Pods already Ready at the first read (a restarted controller) give their start-up back too:
-                # the API keeps creation and Ready times.
-                if created is not None and became is not None and became >= created:
-                    durations.append(became - created)
+                if began is not None and became is not None and became >= began:
+                    durations.append(became - began)
         self._reported &= seen
         warm = 0
         if self.warm_pool_name:
@@ -76,11 +107,16 @@ class ClusterReader:
             except Exception as exc:  # noqa: BLE001
                 if getattr(exc, "kind", "") != "not_found":
                     raise
+        stuck, why = await self._no_capacity(waiting, now) if waiting else (0, "")
+        oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
             starting_replicas=max(0, spec_replicas - ready),
-            unschedulable_pods=unschedulable,
+            unschedulable_pods=len(waiting),
+            no_capacity_pods=stuck,
+            no_capacity_reason=why,
+            oldest_unschedulable_s=oldest,
             warm_slots_ready=warm,
             startup_durations_s=tuple(durations),
             at_s=now,

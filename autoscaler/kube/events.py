@@ -1,4 +1,5 @@
-"""A Kubernetes Event on the target for each scaling action, carrying the decision's reasons."""
+"""Kubernetes Events on the target: one per scaling action, carrying the decision's reasons, and a Warning
+when ordered replicas cannot get a node."""
 
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ class EventRecorder:
         self.namespace, self.kind, self.name, self.instance = namespace, kind, name, instance
 
     async def scaled(self, *, before: int, after: int, reasons: tuple[str, ...], now: float) -> None:
-        stamp = rfc3339(now)
         message = f"Scaled {before} -> {after}: " + "; ".join(reasons)
+        await self._emit("ScaledUp" if after > before else "ScaledDown", message, "Normal", now)
+
+    async def capacity_unavailable(self, *, replicas: int, reasons: tuple[str, ...], now: float) -> None:
+        why = next((r for r in reasons if r.startswith("capacity:")), f"{replicas} replicas cannot get a node")
+        await self._emit("CapacityUnavailable", why, "Warning", now)
+
+    async def _emit(self, reason: str, message: str, kind: str, now: float) -> None:
+        stamp = rfc3339(now)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{self.name}.{uuid.uuid4().hex[:12]}", "namespace": self.namespace},
             "involvedObject": {"apiVersion": "apps/v1", "kind": self.kind, "name": self.name,
                                "namespace": self.namespace},
-            "reason": "ScaledUp" if after > before else "ScaledDown",
+            "reason": reason,
             "message": message[:1024],
-            "type": "Normal",
+            "type": kind,
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
             "reportingInstance": self.instance,

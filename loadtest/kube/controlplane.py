@@ -1,8 +1,11 @@
-"""A real Kubernetes control plane for the integration tests (see tests/kube/build.sh).
+"""A real Kubernetes control plane for the tests and the closed-loop scenarios (binaries: build.sh here).
 
-etcd and kube-apiserver (RBAC, token auth, self-signed serving certificate) always; kube-controller-manager,
-kube-scheduler and kwok (which plays the kubelet for fake GPU nodes) when pods have to be created,
-scheduled and become Ready. Everything listens on 127.0.0.1 with free ports and is stopped afterwards.
+etcd and kube-apiserver (RBAC, token auth, self-signed serving certificate, and the aggregation layer's
+request-header CA and proxy client certificate, so an extension API server such as KEDA's metrics adapter
+can be registered) always; kube-controller-manager (Deployments, ReplicaSets, garbage collection,
+namespaces, the HPA), kube-scheduler and kwok (which plays the kubelet for fake GPU nodes) when pods have to
+be created, scheduled and become Ready. kwok gives pods IPs from 127.42.0.0/16, so a fake model server can
+listen on a pod's own IP. Everything listens on loopback with free ports and is stopped afterwards.
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from servers import free_port, stop
+import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from loadtest.realservers import free_port, stop
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BUILD = Path(__file__).resolve().parent / "build.sh"
 ADMIN_TOKEN = "admin-token-for-tests"
+POD_CIDR = "127.42.0.0/16"  # loopback: a pod's IP is an address a fake server can listen on
 
 KWOK_STAGES = """
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -48,7 +55,7 @@ spec:
         type: Ready
       {{ with .status }}
       allocatable:
-      {{ YAML .capacity 1 }}
+      {{ with .allocatable }}{{ YAML . 1 }}{{ else }}{{ YAML $.status.capacity 1 }}{{ end }}
       capacity:
       {{ YAML .capacity 1 }}
       {{ end }}
@@ -75,9 +82,13 @@ spec:
     durationMilliseconds: 1000
     durationFrom:
       expressionFrom: '.metadata.annotations["pod-ready.stage.kwok.x-k8s.io/delay"]'
+    jitterDurationFrom:
+      expressionFrom: '.metadata.annotations["pod-ready.stage.kwok.x-k8s.io/jitter-delay"]'
   next:
     statusTemplate: |
       {{ $now := Now }}
+      {{ $scheduled := $now }}
+      {{ range .status.conditions }}{{ if eq .type "PodScheduled" }}{{ $scheduled = .lastTransitionTime }}{{ end }}{{ end }}
       conditions:
       - lastTransitionTime: {{ $now | Quote }}
         status: "True"
@@ -88,7 +99,7 @@ spec:
       - lastTransitionTime: {{ $now | Quote }}
         status: "True"
         type: Ready
-      - lastTransitionTime: {{ $now | Quote }}
+      - lastTransitionTime: {{ $scheduled | Quote }}
         status: "True"
         type: PodScheduled
       containerStatuses:
@@ -103,6 +114,7 @@ spec:
             startedAt: {{ $now | Quote }}
       {{ end }}
       phase: Running
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
       startTime: {{ $now | Quote }}
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -125,7 +137,8 @@ spec:
 
 
 def binaries() -> Path:
-    out = subprocess.run([str(ROOT / "tests" / "kube" / "build.sh")], check=True, capture_output=True, text=True)
+    """The folder of the cached binaries, building what is missing (minutes, once)."""
+    out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -136,6 +149,8 @@ class ControlPlane:
     token: str
     kubeconfig: str
     tmp: str
+    bin_dir: Path | None = None
+    niceness: int = 0
 
     def kubeconfig_for(self, token: str, name: str) -> str:
         path = Path(self.tmp) / f"kubeconfig-{name}"
@@ -156,6 +171,62 @@ class ControlPlane:
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"{}")
 
+    def apply(self, document: dict, *, namespace: str | None = None) -> dict:
+        """Create an object (any kind the apiserver knows), or replace it if it exists; returns it."""
+        path = resource_path(self, document, namespace)
+        status, body = self.request("POST", path, document)
+        if status == 409:
+            name = document["metadata"]["name"]
+            status, current = self.request("GET", f"{path}/{name}")
+            document = {**document, "metadata": {**document["metadata"],
+                                                  "resourceVersion": current["metadata"]["resourceVersion"]}}
+            status, body = self.request("PUT", f"{path}/{name}", document)
+        if status >= 300:
+            raise RuntimeError(f"apply {document.get('kind')} {document['metadata'].get('name')}: {status} {body}")
+        return body
+
+    def apply_yaml(self, text: str, *, namespace: str | None = None) -> list[dict]:
+        return [self.apply(d, namespace=namespace) for d in yaml.safe_load_all(text) if d]
+
+    def wait_established(self, crd_names: list[str], timeout_s: float = 30.0) -> None:
+        """Until every named CRD is served."""
+        deadline = time.monotonic() + timeout_s
+        for name in crd_names:
+            while True:
+                status, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+                if status == 200 and conditions.get("Established") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not established")
+                time.sleep(0.1)
+
+
+_PLURALS: dict[tuple[str, str], tuple[str, bool]] = {}
+
+
+def resource_path(cp: ControlPlane, document: dict, namespace: str | None) -> str:
+    """The collection path of a document's kind, from API discovery (cached)."""
+    api_version, kind = document["apiVersion"], document["kind"]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    key = (api_version, kind)
+    if key not in _PLURALS:
+        status, listing = cp.request("GET", base)
+        if status != 200:
+            raise RuntimeError(f"discovery of {api_version}: {status} {listing}")
+        for resource in listing.get("resources", []):
+            if resource["kind"] == kind and "/" not in resource["name"]:
+                _PLURALS[key] = (resource["name"], resource["namespaced"])
+        if key not in _PLURALS:
+            raise RuntimeError(f"{api_version} has no kind {kind}")
+    plural, namespaced = _PLURALS[key]
+    ns = namespace or document["metadata"].get("namespace")
+    if namespaced:
+        if not ns:
+            raise ValueError(f"{kind} {document['metadata'].get('name')} needs a namespace")
+        return f"{base}/namespaces/{ns}/{plural}"
+    return f"{base}/{plural}"
+
 
 def _kubeconfig(url: str, ca_file: str, token: str) -> str:
     return json.dumps({
@@ -164,6 +235,26 @@ def _kubeconfig(url: str, ca_file: str, token: str) -> str:
         "users": [{"name": "test", "user": {"token": token}}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
     })
+
+
+def _aggregation_certs(tmp: Path) -> list[str]:
+    """A request-header CA and the client certificate the apiserver presents to extension API servers."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=front-proxy-ca",
+            "-keyout", f"{tmp}/front-proxy-ca.key", "-out", f"{tmp}/front-proxy-ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=front-proxy-client",
+            "-keyout", f"{tmp}/front-proxy-client.key", "-out", f"{tmp}/front-proxy-client.csr")
+    openssl("x509", "-req", "-in", f"{tmp}/front-proxy-client.csr", "-CA", f"{tmp}/front-proxy-ca.crt",
+            "-CAkey", f"{tmp}/front-proxy-ca.key", "-CAcreateserial", "-days", "2",
+            "-out", f"{tmp}/front-proxy-client.crt")
+    return [
+        f"--requestheader-client-ca-file={tmp}/front-proxy-ca.crt", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--proxy-client-cert-file={tmp}/front-proxy-client.crt", f"--proxy-client-key-file={tmp}/front-proxy-client.key",
+    ]
 
 
 def _wait_ready(url: str, ca_file: str | None, token: str, procs: list, timeout_s: float = 90.0) -> None:
@@ -186,7 +277,9 @@ def _wait_ready(url: str, ca_file: str | None, token: str, procs: list, timeout_
 
 
 @contextlib.contextmanager
-def control_plane(*, with_pods: bool = False):
+def control_plane(*, with_pods: bool = False, hpa_sync_s: float = 15.0, niceness: int = 0):
+    """`niceness`: run the components at this lower CPU priority (a time-compressed closed loop gives the CPU
+    to the data path first: gateway, model servers, controller, load generator)."""
     bin_dir = binaries()
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="kubeenv-") as tmp:
@@ -195,7 +288,8 @@ def control_plane(*, with_pods: bool = False):
 
         def start(name: str, args: list[str]) -> subprocess.Popen:
             log = open(logs / f"{name}.log", "w")
-            proc = subprocess.Popen([str(bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([str(bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
             procs.append(proc)
             return proc
 
@@ -209,6 +303,7 @@ def control_plane(*, with_pods: bool = False):
                 "--log-level=warn",
             ])
             subprocess.run(["openssl", "genrsa", "-out", f"{tmp}/sa.key", "2048"], check=True, capture_output=True)
+            aggregation = _aggregation_certs(Path(tmp))
             Path(tmp, "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
             certs = Path(tmp) / "certs"
             start("kube-apiserver", [
@@ -218,6 +313,7 @@ def control_plane(*, with_pods: bool = False):
                 f"--service-account-key-file={tmp}/sa.key", f"--service-account-signing-key-file={tmp}/sa.key",
                 "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--advertise-address=127.0.0.1",
+                *aggregation,
             ])
             url = f"https://127.0.0.1:{secure}"
             _wait_ready(url, None, ADMIN_TOKEN, procs)
@@ -228,8 +324,10 @@ def control_plane(*, with_pods: bool = False):
                 start("kube-controller-manager", [
                     f"--kubeconfig={admin}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
                     "--leader-elect=false", f"--service-account-private-key-file={tmp}/sa.key",
-                    "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller",
+                    "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,"
+                    "namespace-controller,horizontal-pod-autoscaler-controller",
                     "--concurrent-deployment-syncs=5", "--concurrent-replicaset-syncs=5",
+                    f"--horizontal-pod-autoscaler-sync-period={hpa_sync_s:g}s",
                 ])
                 start("kube-scheduler", [
                     f"--kubeconfig={admin}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
@@ -240,9 +338,10 @@ def control_plane(*, with_pods: bool = False):
                 start("kwok", [
                     f"--kubeconfig={admin}", f"--config={stages}", "--manage-all-nodes=false",
                     "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                    f"--server-address=127.0.0.1:{free_port()}",
+                    f"--server-address=127.0.0.1:{free_port()}", f"--cidr={POD_CIDR}",
                 ])
-            yield ControlPlane(url=url, ca_file=ca_file, token=ADMIN_TOKEN, kubeconfig=str(admin), tmp=tmp)
+            yield ControlPlane(url=url, ca_file=ca_file, token=ADMIN_TOKEN, kubeconfig=str(admin), tmp=tmp,
+                               bin_dir=bin_dir, niceness=niceness)
         finally:
             for proc in reversed(procs):
                 stop(proc)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control plane used by the integration tests, from Go modules, once.
-# kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes through a wrapper module with
-# replace directives for its staging modules), etcd, kwok, and kustomize (to render deploy/). The binaries are cached outside the
-# repository and rebuilt only when missing. Prints the binary folder on its last line.
+# Build the Kubernetes test environment from Go modules, once: kube-apiserver, kube-controller-manager,
+# kube-scheduler (k8s.io/kubernetes through a wrapper module with replace directives for its staging modules),
+# etcd, kwok, kustomize (to render deploy/), Karpenter's kwok provider (the node provisioner) with its CRDs.
+# The binaries are cached outside the repository and rebuilt only when missing. Prints the binary folder on
+# its last line.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
 KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-5.7.1}"
+KARPENTER_VERSION="${KARPENTER_VERSION:-1.14.0}"  # 1.14.3 and later need a newer Go than 1.26.8
 CACHE="${KUBE_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-autoscaler/k8s-v${K8S_VERSION}}"
 BIN="$CACHE/bin"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -86,6 +88,19 @@ fi
 if need kustomize; then
   echo "building kustomize v${KUSTOMIZE_VERSION} (first time only)..." >&2
   GOBIN="$BIN" go install "sigs.k8s.io/kustomize/kustomize/v5@v${KUSTOMIZE_VERSION}"
+fi
+
+if need karpenter-kwok || [ ! -d "$BIN/karpenter-crds" ]; then
+  echo "building karpenter-kwok v${KARPENTER_VERSION} (first time only)..." >&2
+  work="$CACHE/karpenter"
+  mkdir -p "$work"
+  GOBIN="$work" go install "sigs.k8s.io/karpenter/kwok@v${KARPENTER_VERSION}"
+  mv "$work/kwok" "$BIN/karpenter-kwok"
+  src="$(go env GOMODCACHE)/sigs.k8s.io/karpenter@v${KARPENTER_VERSION}/kwok"
+  mkdir -p "$BIN/karpenter-crds.tmp"
+  cp "$src"/charts/crds/*.yaml "$src"/apis/crds/*.yaml "$BIN/karpenter-crds.tmp/"
+  chmod u+w "$BIN"/karpenter-crds.tmp/*.yaml
+  rm -rf "$BIN/karpenter-crds" && mv "$BIN/karpenter-crds.tmp" "$BIN/karpenter-crds"
 fi
 
 echo "$BIN"

@@ -1,0 +1,1 @@
+"""The closed loop under live load: `python -m loadtest.e2e --scenario NAME [--factor K] [--json]`."""

@@ -1,0 +1,73 @@
+"""What a closed-loop scenario runs with, at factor 1 (real time), and how it is compressed.
+
+One factor divides every duration together: pod start-up, node start-up, idle-node removal, the control
+tick, scrape, rate window and probe intervals, the SLO, service times and the trace's clock. The policy's
+settings are compressed the same way (every `*_s` field), so the controller makes, tick by tick, the
+decisions it would make at factor 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoscaler.sim.cluster import ClusterModel
+from autoscaler.sim.run import SimConfig
+from autoscaler.sim.workload import ServerModel
+from loadtest.kube.karpenter import ONE_GPU, NodeShape
+from policies import PolicySpec
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    factor: float = 10.0
+    tick_s: float = 15.0
+    slo_s: float = 2.0
+    scrape_s: float = 15.0
+    rate_window_s: float = 60.0
+    probe_s: float = 1.0
+    startup_s: float = 120.0  # pod start-up, jittered U(0.875, 1.25)x like the simulator's
+    startup_jitter_ratio: float = 0.25
+    node_start_s: float = 300.0  # node provisioning: Karpenter's NodeClaim -> a Ready node
+    node_idle_s: float = 600.0  # an empty node is removed after this (Karpenter's consolidateAfter)
+    concurrency: int = 8  # slots per replica (vLLM --max-num-seqs)
+    drain_delay_s: float = 5.0  # a removed pod leaves the gateway this long before its server drains (preStop)
+    max_replicas: int = 24
+    gpu_limit: int = 40  # the NodePool's GPUs
+    node_shape: NodeShape = ONE_GPU
+    server: ServerModel = field(default_factory=lambda: ServerModel(concurrency=8))
+    policy: dict = field(default_factory=dict)  # PolicySpec fields over the defaults below, at factor 1
+
+    def spec(self) -> PolicySpec:
+        """The predictive policy at factor 1 (what the simulator runs)."""
+        base = dict(
+            tick_s=self.tick_s, min_replicas=1, max_replicas=self.max_replicas, replica_concurrency=self.concurrency,
+            slo_queue_wait_s=self.slo_s, p99_latency_target_s=self.slo_s, default_startup_s=self.startup_s,
+            node_provisioning_s=self.node_start_s, max_warm_slots=8,
+        )
+        return PolicySpec(**{**base, **self.policy})
+
+    def live_spec(self) -> dict:
+        """The same policy compressed, as the controller's config section."""
+        return compress(self.spec(), self.factor)
+
+    def sim_config(self, *, node_idle_extra_s: float = 0.0) -> SimConfig:
+        """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
+        delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1)."""
+        return SimConfig(
+            tick_s=self.tick_s, slo_s=self.slo_s,
+            cluster=ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
+                                 node_provisioning_s=self.node_start_s, node_jitter_ratio=0.0,
+                                 node_idle_timeout_s=self.node_idle_s + node_idle_extra_s),
+            server=self.server,
+        )
+
+
+def compress(spec: PolicySpec, factor: float) -> dict:
+    """Every duration of a policy divided by `factor` (rates per second multiplied), as a config mapping."""
+    data = spec.model_dump()
+    for name, value in list(data.items()):
+        if name.endswith("_s") and isinstance(value, (int, float)):
+            data[name] = value / factor
+    if data.get("target_tokens_per_s_per_replica") is not None:
+        data["target_tokens_per_s_per_replica"] *= factor
+    return data

@@ -1,0 +1,87 @@
+"""The figures of a closed-loop run, from what the client saw and what the apiserver recorded, and the same
+figures from the simulator on the same trace and parameters.
+
+- `slo_attainment` per class: requests answered 200 whose queue wait (the server's `x-queue-seconds`) was
+  within the SLO, over all requests of the class (a shed or lost request is a miss);
+- `p99_latency_s` per class: p99 of the whole exchange of answered requests; `p99_queue_wait_s` overall;
+- `shed_fraction` per class: answered 429 by the gateway;
+- `lost_requests`: admitted (not shed) but never answered (a connection error or a 5xx);
+- `gpu_hours`: GPUs x lifetime of every GPU node while the scenario ran (nodes are what is paid for: warm
+  slots, idle nodes and nodes still starting included), at factor 1;
+- `max_pending_replicas`: most model replicas ordered but not Ready at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoscaler.sim.run import RunResult
+
+
+def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) -> dict:
+    by_class: dict[str, list[dict]] = {c: [] for c in classes}
+    for r in records:
+        by_class.setdefault(r["class"], []).append(r)
+    attainment, p99, shed = {}, {}, {}
+    lost = 0
+    admitted_waits = []
+    for cls, rows in by_class.items():
+        if not rows:
+            continue
+        met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None and r["queue_s"] <= slo_s)
+        attainment[cls] = met / len(rows)
+        latencies = [r["latency_s"] for r in rows if r["status"] == 200]
+        p99[cls] = float(np.percentile(latencies, 99)) if latencies else None
+        shed[cls] = sum(1 for r in rows if r["status"] == 429) / len(rows)
+        lost += sum(1 for r in rows if r["status"] == 0 or r["status"] >= 500)
+        admitted_waits += [r["queue_s"] for r in rows if r["status"] == 200 and r["queue_s"] is not None]
+    return {
+        "requests": len(records),
+        "slo_attainment": attainment,
+        "p99_latency_s": p99,
+        "p99_queue_wait_s": float(np.percentile(admitted_waits, 99)) if admitted_waits else None,
+        "shed_fraction": shed,
+        "lost_requests": lost,
+        "late_sends": sum(1 for r in records if r.get("late_s", 0) > 1.0),
+    }
+
+
+def gpu_hours(lifetimes: dict, *, start: float, end: float, factor: float) -> dict:
+    """GPU-hours of nodes (what is paid), and of model pods and placeholders (what used them), at factor 1."""
+    totals = {"nodes": 0.0, "model": 0.0, "placeholders": 0.0}
+    for (kind, _), life in lifetimes.items():
+        lo, hi = max(life["created"], start), min(life["gone"] or end, end)
+        if hi <= lo:
+            continue
+        hours = life["gpus"] * (hi - lo) * factor / 3600.0
+        totals["nodes" if kind == "node" else "model" if kind == "model" else "placeholders"] += hours
+    return {k: round(v, 3) for k, v in totals.items()}
+
+
+def simulated_figures(result: RunResult) -> dict:
+    timeline = result.timeline
+    pending = max((r["replicas"] - r["ready"] for r in timeline if r["ready"] != ""), default=0)
+    return {
+        "slo_attainment": result.outcome["slo_attainment"],
+        "shed_fraction": result.outcome["shed_by_class"],
+        "p99_queue_wait_s": result.outcome["p99_queue_wait_s"],
+        "gpu_hours": round(result.costs.total_gpu_hours, 3),
+        "warm_pool_gpu_hours": round(result.costs.warm_pool_s / 3600.0, 3),
+        "max_pending_replicas": pending,
+        "scaling_actions": result.scaling_actions,
+    }
+
+
+def gaps(live: dict, simulated: dict) -> dict:
+    """Live minus simulated: attainment and shed in percentage points, GPU-hours in percent."""
+    out: dict = {"slo_attainment_points": {}, "shed_fraction_points": {}}
+    for cls, value in live["slo_attainment"].items():
+        if cls in simulated["slo_attainment"]:
+            out["slo_attainment_points"][cls] = round(100 * (value - simulated["slo_attainment"][cls]), 3)
+    for cls, value in live["shed_fraction"].items():
+        if cls in simulated["shed_fraction"]:
+            out["shed_fraction_points"][cls] = round(100 * (value - simulated["shed_fraction"][cls]), 3)
+    if simulated["gpu_hours"]:
+        out["gpu_hours_percent"] = round(100 * (live["gpu_hours"] / simulated["gpu_hours"] - 1), 2)
+    out["max_pending_replicas"] = live["max_pending_replicas"] - simulated["max_pending_replicas"]
+    return out

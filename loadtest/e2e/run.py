@@ -1,0 +1,142 @@
+"""Run one closed-loop scenario: the stack, the load, the actions the scenario takes, the figures and the
+simulator's prediction of them, and the scenario's checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run
+from autoscaler.sim.workload import WorkloadConfig, build
+from loadtest import scenarios
+from loadtest.e2e import checks
+from loadtest.e2e.config import E2EConfig
+from loadtest.e2e.figures import client_figures, gaps, gpu_hours, simulated_figures
+from loadtest.e2e.stack import Stack, stack
+from loadtest.loadgen import Request, write_requests
+from policies import decide, initial_state
+
+SAMPLE_EVERY_S = 0.5  # wall clock
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    config: dict = field(default_factory=dict)  # E2EConfig fields
+    controllers: int = 1
+    actions: tuple[tuple[float, str], ...] = ()  # (scenario time at factor 1, action)
+    check: Callable[[dict], list[dict]] = checks.none
+
+
+SCENARIOS = {
+    # the drill: the platform team insures against a doubling within node provisioning (warm pool)
+    "doubling": Scenario("doubling", config={"policy": {"warm_growth_min_ratio": 1.0}}, check=checks.doubling),
+    "short-burst": Scenario("short-burst", check=checks.short_burst),
+    "diurnal-down": Scenario("diurnal-down", check=checks.diurnal_down),
+    "no-capacity": Scenario("no-capacity", config={"gpu_limit": 9}, actions=((35 * 60.0, "raise-gpu-limit"),),
+                            check=checks.no_capacity),
+    "controller-restart": Scenario("controller-restart", controllers=2,
+                                   actions=((25 * 60.0, "kill-leader"), (27 * 60.0, "restart-killed")),
+                                   check=checks.controller_restart),
+}
+
+
+def requests_of(name: str, config: E2EConfig):
+    trace = scenarios.synthetic(name)
+    workload = build(trace, WorkloadConfig(scale=1.0, server=config.server))
+    classes = workload.classes
+    requests = [Request(i, float(t), classes[int(p)], int(a), int(b)) for i, (t, p, a, b) in
+                enumerate(zip(workload.arrival_s, workload.priority, trace.input_tokens, trace.output_tokens))]
+    return workload, requests
+
+
+def _act(st: Stack, action: str, state: dict) -> str:
+    if action == "raise-gpu-limit":
+        st.karpenter.set_gpu_limit(st.config.gpu_limit * 4)
+        return f"NodePool GPU limit raised to {st.config.gpu_limit * 4}"
+    if action == "kill-leader":
+        leader = st.leader()
+        if leader is None:
+            return "no leader to kill"
+        leader.kill()
+        state["killed"] = leader
+        return f"{leader.name} killed (SIGKILL)"
+    if action == "restart-killed":
+        killed = state.get("killed")
+        if killed is None:
+            return "nothing to restart"
+        killed.start(st.cp.kubeconfig)
+        return f"{killed.name} restarted"
+    raise ValueError(f"unknown action {action!r}")
+
+
+def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
+    scenario = SCENARIOS[name]
+    config = replace(E2EConfig(factor=factor), **scenario.config)
+    workload, requests = requests_of(name, config)
+    sim_config = config.sim_config()
+    needed = needed_replicas(workload, sim_config)
+    initial = initial_replicas(needed, sim_config)
+    out.mkdir(parents=True, exist_ok=True)
+    write_requests(out / "requests.jsonl", requests)
+    timeline, notes, state = [], [], {}
+    with stack(config, out / "work", initial_replicas=initial, controllers=scenario.controllers) as st:
+        start_at = time.time() + 2.0
+        st.started = start_at
+        loadgen = subprocess.Popen(
+            [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / "requests.jsonl"), "--url",
+             st.gateway_url, "--factor", str(factor), "--out", str(out / "records.jsonl"), "--start-at",
+             str(start_at)], stdout=(out / "loadgen.log").open("w"), stderr=subprocess.STDOUT)
+        pending = list(scenario.actions)
+        try:
+            while loadgen.poll() is None:
+                if time.time() >= start_at:
+                    timeline.append(st.sample())
+                    while pending and st.t() >= pending[0][0]:
+                        _, action = pending.pop(0)
+                        notes.append({"t_s": round(st.t(), 1), "action": action, "result": _act(st, action, state)})
+                time.sleep(SAMPLE_EVERY_S)
+        finally:
+            if loadgen.poll() is None:
+                loadgen.kill()
+        end = start_at + workload.span_s / factor
+        timeline.append(st.sample())
+        events = st.events()
+        lifetimes = dict(st.lifetimes)
+        logs = {c.name: c.log.read_text() for c in st.controllers}
+    fleet_file = out / "work" / "fleet.jsonl"
+    fleet_events = [json.loads(x) for x in fleet_file.read_text().splitlines() if x.strip()] if fleet_file.exists() else []
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    live = client_figures(records, workload.classes, config.slo_s)
+    cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)
+    live["gpu_hours"] = cost["nodes"]
+    live["gpu_hours_by_use"] = cost
+    live["max_pending_replicas"] = max((r["model"]["pending"] + r["model"]["starting"] for r in timeline), default=0)
+    sim = run(PolicyRun("predictive", config.spec(), decide, initial_state()), workload, sim_config,
+              initial_replicas=initial, keep_timeline=True)
+    simulated = simulated_figures(sim)
+    doc = {
+        "scenario": name, "factor": factor, "initial_replicas": initial, "requests": live["requests"],
+        "slo_attainment": live["slo_attainment"], "p99_latency_s": live["p99_latency_s"],
+        "p99_queue_wait_s": live["p99_queue_wait_s"], "shed_fraction": live["shed_fraction"],
+        "gpu_hours": live["gpu_hours"], "gpu_hours_by_use": live["gpu_hours_by_use"],
+        "lost_requests": live["lost_requests"], "late_sends": live["late_sends"],
+        "max_pending_replicas": live["max_pending_replicas"], "simulated": simulated,
+        "sim_gap": gaps(live, simulated), "actions": notes,
+    }
+    context = {"doc": doc, "timeline": timeline, "events": events, "records": records, "logs": logs,
+               "fleet_events": fleet_events,
+               "config": config, "sim": sim, "lifetimes": lifetimes, "start": start_at}
+    doc["checks"] = scenario.check(context) + checks.common(context)
+    doc["passed"] = all(c["passed"] for c in doc["checks"])
+    (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
+    (out / "result.json").write_text(json.dumps(doc, indent=2))
+    from loadtest.e2e.report import plot
+
+    plot(out / f"{name}.png", context)
+    return doc

@@ -1,0 +1,292 @@
+"""The whole closed loop on loopback, started and stopped here: everything real but the GPUs.
+
+    control plane (etcd, apiserver, scheduler, controller-manager, kwok)  +  Karpenter (kwok provider)
+    the model Deployment  <-  `autoscaler run` (actuate mode, its own process, a config file; two on one Lease)
+    fleet (loadtest.fleet: a fake vLLM server per Ready pod)  <-  nginx (the shipped gateway, auth_request
+    to the controllers' admission endpoints)  <-  load generator (loadtest.loadgen)
+    Prometheus (file_sd over the fleet)  ->  the controllers
+
+`Stack.sample()` reads what a user would watch (the Deployment, its pods, the warm pool, nodes, the
+controllers' metrics) into one row of the scenario's timeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from loadtest.e2e.config import E2EConfig
+from loadtest.gateway import gateway
+from loadtest.kube.controlplane import ControlPlane, control_plane
+from loadtest.kube.karpenter import POOL, POOL_LABEL, Karpenter, karpenter
+from loadtest.realservers import free_port, prometheus, stop, wait_http
+
+NAMESPACE = "llm"
+MODEL = "model"
+PLACEHOLDER_CLASS = "inference-autoscaler-placeholder"
+MODEL_PORT = 8000
+# The control plane and Karpenter yield the CPU to the data path (gateway, servers, controller, load): at a
+# time compression of 10, a 0.2-s stall of a model server is a 2-s queue wait, the whole SLO.
+CONTROL_PLANE_NICENESS = 5
+
+
+def model_deployment(config: E2EConfig, replicas: int) -> dict:
+    """The model: one GPU per replica (and CPU and memory a node must also have), kwok-readied after the
+    compressed start-up time with the simulator's jitter."""
+    f = config.factor
+    low = config.startup_s * (1 - config.startup_jitter_ratio / 2) / f
+    high = config.startup_s * (1 + config.startup_jitter_ratio) / f
+    labels = {"app": MODEL}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": MODEL, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": replicas, "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "pod-ready.stage.kwok.x-k8s.io/delay": f"{round(low * 1000)}ms",
+                    "pod-ready.stage.kwok.x-k8s.io/jitter-delay": f"{round(high * 1000)}ms"}},
+                "spec": {
+                    "nodeSelector": {POOL_LABEL: POOL},
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{
+                        "name": "vllm", "image": "vllm/vllm-openai:latest",
+                        "ports": [{"containerPort": MODEL_PORT}],
+                        "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "32Gi"},
+                                      "limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission_port: int) -> dict:
+    f = config.factor
+    return {
+        "target": {"namespace": NAMESPACE, "name": MODEL},
+        "mode": "actuate",
+        "http_port": http_port,
+        "prometheus": {
+            "url": prom, "selector": f'namespace="{NAMESPACE}"', "timeout_s": max(0.2, config.tick_s / f / 3),
+            "rate_window_s": config.rate_window_s / f,
+            # the SLO is on the queue wait: its p99 is the latency signal (the simulator's too)
+            "queries": {"p99_latency_s": (
+                "histogram_quantile(0.99, sum by (le) (rate(vllm:request_queue_time_seconds_bucket"
+                f'{{namespace="{NAMESPACE}"}}[{round(config.rate_window_s / f * 1000)}ms])))')},
+        },
+        "scrape": {"port": MODEL_PORT},
+        "policy": config.live_spec(),
+        "warm_pool": {"enabled": True, "priority_class": PLACEHOLDER_CLASS},
+        "admission": {"port": admission_port, "queue_probe_interval_s": config.probe_s / f},
+        "leader_election": {"lease_duration_s": 15.0 / f, "renew_deadline_s": 10.0 / f, "retry_period_s": 2.0 / f},
+    }
+
+
+@dataclass
+class Controller:
+    name: str
+    config_file: Path
+    http_port: int
+    admission_port: int
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, kubeconfig: str) -> None:
+        sink = self.log.open("a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler", "run", "--config", str(self.config_file), "--kubeconfig", kubeconfig],
+            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.name})
+
+    def wait_ready(self) -> None:
+        wait_http(f"http://127.0.0.1:{self.http_port}/readyz", timeout_s=60, proc=self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=1) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("autoscaler_") and " " in line:
+                key, value = line.rsplit(" ", 1)
+                try:
+                    out[key] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+
+@dataclass
+class Stack:
+    config: E2EConfig
+    cp: ControlPlane
+    karpenter: Karpenter
+    controllers: list[Controller]
+    gateway_url: str
+    prometheus_url: str
+    work: Path
+    started: float = 0.0  # wall clock of scenario t = 0
+    lifetimes: dict = field(default_factory=dict)  # (kind, name) -> {"created", "ready", "gone", "gpus"}
+
+    def t(self) -> float:
+        """Scenario time at factor 1."""
+        return (time.time() - self.started) * self.config.factor
+
+    def leader(self) -> Controller | None:
+        for c in self.controllers:
+            if c.metrics().get("autoscaler_is_leader") == 1.0:
+                return c
+        return None
+
+    def _get(self, path: str) -> dict:
+        status, body = self.cp.request("GET", path)
+        return body if status == 200 else {}
+
+    def sample(self) -> dict:
+        now = time.time()
+        deploy = self._get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{MODEL}")
+        pods = self._get(f"/api/v1/namespaces/{NAMESPACE}/pods").get("items", [])
+        nodes = self._get(f"/api/v1/nodes?labelSelector={POOL_LABEL}%3D{POOL}").get("items", [])
+        model = {"pending": 0, "starting": 0, "ready": 0}
+        warm = {"pending": 0, "ready": 0}
+        seen = set()
+        for pod in pods:
+            meta, status = pod["metadata"], pod.get("status", {})
+            kind = "model" if meta.get("labels", {}).get("app") == MODEL else "placeholder"
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+            key = (kind, meta["uid"])
+            seen.add(key)
+            life = self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None,
+                                                   "gone": None, "gpus": 1})
+            if ready and life["ready"] is None:
+                life["ready"] = now
+            if meta.get("deletionTimestamp") and life["gone"] is None:
+                life["gone"] = now
+            if kind == "model":
+                state = "ready" if ready else ("starting" if pod["spec"].get("nodeName") else "pending")
+                model[state] += 1
+            else:
+                warm["ready" if ready else "pending"] += 1
+        for node in nodes:
+            meta = node["metadata"]
+            key = ("node", meta["uid"])
+            seen.add(key)
+            gpus = int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0") or 0)
+            self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
+                                            "gpus": gpus})
+        for key, life in self.lifetimes.items():
+            if key not in seen and life["gone"] is None:
+                life["gone"] = now
+        metrics = {}
+        leader = None
+        for c in self.controllers:
+            m = c.metrics()
+            if m.get("autoscaler_is_leader") == 1.0:
+                leader, metrics = c.name, m
+        if not metrics:
+            for c in self.controllers:
+                metrics = metrics or c.metrics()
+        return {
+            "t_s": (now - self.started) * self.config.factor,
+            "spec_replicas": deploy.get("spec", {}).get("replicas"),
+            "decided": metrics.get("autoscaler_decided_replicas"),
+            "warm_decided": metrics.get("autoscaler_warm_slots"),
+            "model": model, "warm": warm, "nodes": len(nodes),
+            "shed": {k.split('"')[1]: v for k, v in metrics.items() if k.startswith("autoscaler_shed_ratio{")},
+            "unschedulable": metrics.get("autoscaler_unschedulable_replicas"),
+            "leader": leader,
+        }
+
+    def events(self) -> list[dict]:
+        return self._get(f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
+
+
+def _ts(text: str) -> float:
+    from autoscaler.times import parse_time
+
+    return parse_time(text)
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step_s)
+    raise TimeoutError(f"{what} not reached within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: int = 1):
+    """Everything up, the model at `initial_replicas` Ready, the controllers deciding; yields a Stack."""
+    f = config.factor
+    work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as exit_stack:
+        cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
+        karp = exit_stack.enter_context(karpenter(
+            cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_start_s / f,
+            consolidate_after_s=config.node_idle_s / f))
+        cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": PLACEHOLDER_CLASS},
+                  "value": -5, "preemptionPolicy": "Never", "globalDefault": False})
+        cp.apply(model_deployment(config, initial_replicas))
+        targets = work / "targets.json"
+        upstreams = work / "upstreams.conf"
+        targets.write_text("[]")
+        upstreams.write_text("server 127.0.0.1:9 max_fails=0;\n")
+        prom = exit_stack.enter_context(prometheus([], scrape_interval_s=config.scrape_s / f, file_sd=targets))
+        ctrls = []
+        for i in range(controllers):
+            http, admission = free_port(), free_port()
+            path = work / f"controller-{i}.yaml"
+            path.write_text(yaml.safe_dump(controller_config(config, prom=prom, http_port=http,
+                                                             admission_port=admission)))
+            ctrls.append(Controller(f"controller-{i}", path, http, admission, work / f"controller-{i}.log"))
+        url, nginx_pid = exit_stack.enter_context(gateway(
+            admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams))
+        fleet = subprocess.Popen(
+            [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", cp.kubeconfig, "--namespace", NAMESPACE,
+             "--selector", f"app={MODEL}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
+             "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
+             "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file",
+             str(targets), "--upstreams-file", str(upstreams), "--nginx-pid-file", str(nginx_pid),
+             "--events-file", str(work / "fleet.jsonl")],
+            stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
+        exit_stack.callback(stop, fleet)
+        st = Stack(config, cp, karp, ctrls, url, prom, work)
+        wait_until(lambda: st.sample()["model"]["ready"] >= initial_replicas, 120 + 2 * (config.node_start_s
+                   + config.startup_s * 1.5) / f, what=f"{initial_replicas} model replicas Ready")
+        wait_until(lambda: len(json.loads(targets.read_text() or "[]")[0]["targets"]) >= initial_replicas
+                   if targets.read_text().strip() not in ("", "[]") else False, 30, what="the fleet serving")
+        for c in ctrls:
+            c.start(cp.kubeconfig)
+            exit_stack.callback(c.stop)
+        for c in ctrls:
+            c.wait_ready()
+        yield st
+        for c in ctrls:
+            c.stop()
+        (work / "cluster-logs").mkdir(exist_ok=True)
+        for log in Path(cp.tmp, "logs").glob("*.log"):
+            (work / "cluster-logs" / log.name).write_bytes(log.read_bytes()[-2_000_000:])
