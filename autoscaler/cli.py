@@ -3,11 +3,13 @@
     autoscaler run --config CONFIG.yaml [--kubeconfig FILE]
     autoscaler replay INPUT [--mode open-loop|simulated] [--format auto|csv|jsonl|prometheus|trace]
                             [--policy POLICY.yaml] [--out DIR]
+    autoscaler analyze INPUT [--format ...] [--out DIR] [--json] [--write-config FILE]
     autoscaler record --config CONFIG.yaml --start T --end T [--step-s 15] --out FILE.json
 
 `run` is the controller. `replay` is the dry run: it reads recorded signals (a Prometheus query_range
 export, CSV or JSONL) or a trace, runs the very same `policies.decide` the controller runs, and writes a
-CSV timeline and a PNG plot. `record` exports a time range from Prometheus for `replay`.
+CSV timeline and a PNG plot. `analyze` is the preflight: the demand's floor, bursts, residency and what can
+wait, and a recommended policy section. `record` exports a time range from Prometheus for both.
 
 Each command imports what it needs when it runs: `run` never loads the simulator, the trace readers or
 the plotting library. Every error the shell raises on purpose is an `AutoscalerError`: bad input exits
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from autoscaler.errors import AutoscalerError
 
@@ -38,6 +41,12 @@ def _replay(args: argparse.Namespace) -> int:
     from autoscaler.replay.command import replay
 
     return replay(args)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from autoscaler.analyze.command import analyze
+
+    return analyze(args)
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -69,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "when the working directory is not writable)")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(handler=_replay)
+    a = sub.add_parser("analyze", help="preflight: floor, bursts, residency, what can wait; a recommended policy")
+    a.add_argument("input", help="a recording (as for replay) or a trace (Azure/Mooncake file, ServeGen folder)")
+    a.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus", "trace"])
+    a.add_argument("--policy", default=None, help="policy fields (slots per replica, SLO, priorities) to size with")
+    a.add_argument("--startup-s", type=float, default=None, help="pod start-up (default: measured, else the policy's)")
+    a.add_argument("--node-provisioning-s", type=float, default=None, help="default: the policy's")
+    a.add_argument("--scale", type=float, default=None, help="traces: multiply the load (default 1)")
+    a.add_argument("--peak-replicas", type=int, default=None,
+                   help="traces: scale so the busiest minute needs this many replicas (as the benchmark does)")
+    a.add_argument("--out", type=Path, default=None, help="folder for report.html (default ./analyze-out)")
+    a.add_argument("--json", action="store_true", help="print one JSON document instead of the summary")
+    a.add_argument("--write-config", type=Path, default=None, help="write the recommended policy section here")
+    a.set_defaults(handler=_analyze)
     r = sub.add_parser("record", help="export a time range of the configured signals from Prometheus")
     r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus)")
     r.add_argument("--prometheus-url", default=None, help="override prometheus.url")

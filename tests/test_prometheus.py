@@ -17,7 +17,7 @@ from autoscaler.replay.recording import read_recording
 from autoscaler.signals.prometheus import PrometheusSource
 from policies import PolicySpec
 
-from servers import fake_model_server, free_port, post_json, prometheus, wait_for_series
+from servers import fake_model_server, free_port, post_json, prometheus, query, wait_for_series
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +122,37 @@ def test_record_then_replay_round_trip(stack, tmp_path):
     assert recording.latest("queue_depth", recording.end_s).value == 3
     rows = open_loop(recording, PolicySpec(tick_s=1.0, forecast_bucket_s=60.0))
     assert rows and all(r["queue"] != "" for r in rows[-3:])
+
+
+def test_record_analyze_and_run_the_recommended_config(stack, tmp_path, capsys):
+    """record (from the real Prometheus) -> analyze (the preflight) -> the written policy section, pasted into
+    the controller's config, is what `autoscaler run` loads."""
+    from autoscaler.config import load_config
+
+    model, prom = stack
+    for _ in range(60):  # traffic until Prometheus has scraped it moving
+        post_json(f"{model}/admin/state", {"waiting": 0, "running": 6, "add_success": 20,
+                                           "observe_inference_s": [0.3] * 20})
+        time.sleep(0.5)
+        rate = query(prom, 'sum(rate(vllm:request_success_total{namespace="llm"}[1m]))')
+        if rate and float(rate[0]["value"][1]) > 0:
+            break
+    config = tmp_path / "config.yaml"
+    config.write_text("target: {namespace: llm, name: model}\n"
+                      f"prometheus: {{url: '{prom}', selector: 'namespace=\"llm\"'}}\n")
+    recording = tmp_path / "rec.json"
+    assert main(["record", "--config", str(config), "--start", "now-2m", "--end", "now", "--step-s", "1",
+                 "--out", str(recording)]) == 0
+    capsys.readouterr()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("tick_s: 1.0\nforecast_bucket_s: 60.0\n")
+    written = tmp_path / "recommended.yaml"
+    assert main(["analyze", str(recording), "--policy", str(policy), "--json", "--out", str(tmp_path / "a"),
+                 "--write-config", str(written)]) == 0
+    answers = json.loads(capsys.readouterr().out)
+    assert answers["input"]["kind"] == "recording" and answers["concurrency_floor"]["1h"]["concurrency_p10"] > 0
+    assert answers["residency"]["loaded_from"].startswith("not in the data")  # no kube-state-metrics here
+    config.write_text(config.read_text() + written.read_text())
+    settings = load_config(config)
+    assert settings.policy.min_replicas == answers["recommended"]["policy"]["min_replicas"]
+    assert settings.tick_s == 1.0

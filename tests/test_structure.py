@@ -14,8 +14,8 @@ from autoscaler.times import parse_time
 
 from helpers import ROOT
 
-OFFLINE_ONLY = ("autoscaler.sim", "autoscaler.traces", "autoscaler.replay", "autoscaler.timeline", "matplotlib",
-                "tqdm")
+OFFLINE_ONLY = ("autoscaler.sim", "autoscaler.traces", "autoscaler.replay", "autoscaler.analyze", "autoscaler.timeline",
+                "matplotlib", "tqdm")
 
 
 def test_the_run_command_loads_neither_the_simulator_nor_plotting():

@@ -22,21 +22,32 @@ from policies import PolicySpec
 DEFAULT_OUT = "replay-out"
 
 
-def _progress(total: int, label: str):
-    from tqdm import tqdm
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
 
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, label: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # installed without the `replay` extra (the container image): no progress bar
+        bar = _NoBar()
+        return bar, bar.update
     bar = tqdm(total=total, desc=label, unit="tick", disable=None, leave=False, mininterval=0.5)
     return bar, bar.update
 
 
-def output_folder(requested: str | None) -> Path:
-    """`--out`, else ./replay-out, else (the working directory is read-only) a new temporary folder."""
+def output_folder(requested: str | Path | None, default: str = DEFAULT_OUT) -> Path:
+    """`--out`, else ./<default>, else (the working directory is read-only) a new temporary folder."""
     if requested is not None:
         out = Path(requested)
     elif os.access(".", os.W_OK):
-        out = Path(DEFAULT_OUT)
+        out = Path(default)
     else:
-        out = Path(tempfile.mkdtemp(prefix="replay-out-"))
+        out = Path(tempfile.mkdtemp(prefix=f"{default}-"))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -49,7 +60,11 @@ def output_folder(requested: str | None) -> Path:
 def _write(out: Path, rows: list[dict], *, title: str, plot: bool) -> None:
     write_csv(out / "timeline.csv", rows)
     if plot:
-        write_plot(out / "timeline.png", rows, title=title)
+        try:
+            write_plot(out / "timeline.png", rows, title=title)
+        except ImportError:
+            plot = False
+            print("no plot: matplotlib is not installed (pip install 'inference-autoscaler[replay]')")
     print(f"wrote {out / 'timeline.csv'}" + (f" and {out / 'timeline.png'}" if plot else ""))
 
 

@@ -1,0 +1,1 @@
+"""`autoscaler analyze`: the demand-model preflight (the four questions, and the policy they lead to)."""

@@ -1,0 +1,38 @@
+"""`autoscaler analyze PATH`: read a recording or a trace, answer the four preflight questions, print the
+summary (or one JSON document), write an HTML report with plots into --out, and the recommended policy
+section into --write-config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autoscaler.analyze.demand import load
+from autoscaler.analyze.questions import answer
+from autoscaler.analyze.report import summary, write_config, write_html
+from autoscaler.config import load_policy_spec
+from autoscaler.replay.command import output_folder
+
+
+def analyze(args: argparse.Namespace) -> int:
+    spec = load_policy_spec(args.policy)
+    demand = load(args.input, args.format, spec, scale=args.scale, peak_replicas=args.peak_replicas)
+    answers = answer(demand, spec, startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s)
+    if args.write_config:
+        write_config(args.write_config, answers)
+    report = None
+    if args.out or not args.json:
+        out = output_folder(args.out, default="analyze-out")
+        try:
+            report = write_html(out, answers, demand)
+        except ImportError:
+            report = None  # no matplotlib (the container image): the summary and JSON stand alone
+    if args.json:
+        print(json.dumps(answers, indent=2))
+    else:
+        print(summary(answers))
+        if report is not None:
+            print(f"wrote {report}")
+        if args.write_config:
+            print(f"wrote {args.write_config}")
+    return 0

@@ -1,0 +1,134 @@
+"""`autoscaler analyze`: the four preflight answers on demand with known answers, every trace, and the
+recommended policy section accepted by run, replay and the benchmark (which checks it meets the targets)."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from autoscaler.cli import main
+from autoscaler.config import load_config, load_policy_spec
+from loadtest.bench import main as bench
+
+from helpers import BUNDLED_TRACE, ROOT
+
+SHARED = ROOT.parent / "shared" / "traces"
+TICK = 15.0
+SERVICE = 1.0  # s per request: with 8 slots per replica, 40 req/s is 40 busy slots
+
+
+def _recording(path: Path) -> None:
+    """Eight hours at 15-s ticks: 40 req/s (6 replicas at the SLO), with three planted bursts to 80 req/s of
+    60 s (shorter than a 120-s start-up), 240 s (within the 420-s cold start) and 900 s (longer); 10
+    replicas loaded throughout and 6 busy: a residency of 10 / 6."""
+    bursts = [(2 * 3600, 60), (4 * 3600, 240), (6 * 3600, 900)]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["t_s", "arrival_rate_per_s", "in_flight", "service_time_s", "spec_replicas", "ready_replicas",
+                         "arrival_rate_critical", "arrival_rate_standard", "arrival_rate_sheddable"])
+        t = 0.0
+        while t < 8 * 3600:
+            rate = 80.0 if any(s <= t < s + d for s, d in bursts) else 40.0
+            writer.writerow([t, rate, 6.0 if rate == 40 else 10.0, SERVICE, 10, 10, 0.2 * rate, 0.5 * rate, 0.3 * rate])
+            t += TICK
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("analyze")
+    _recording(folder / "rec.csv")
+    policy = folder / "policy.yaml"
+    policy.write_text("replica_concurrency: 8\n")
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["analyze", str(folder / "rec.csv"), "--policy", str(policy), "--json", "--out", str(folder),
+                     "--write-config", str(folder / "recommended.yaml")]) == 0
+    return json.loads(buffer.getvalue()), folder
+
+
+def test_the_floor_and_the_bands(answers):
+    a, _ = answers
+    floor = a["concurrency_floor"]
+    needed = a["concurrency_bands"]["replicas"]["p50"]
+    assert floor["1h"]["replicas_p10"] == pytest.approx(needed) and floor["replicas"] == int(needed)
+    assert floor["1h"]["concurrency_p10"] == pytest.approx(6.0)  # the recorded in-flight, not Little's law
+    bands = a["concurrency_bands"]["bands"]
+    assert sum(b["share_of_time"] for b in bands.values()) == pytest.approx(1.0)
+    assert bands["above p99"]["share_of_time"] < 0.05  # the bursts' peaks
+    assert max(b["mean_stay_s"] for b in bands.values()) > 3600  # the steady level holds for hours
+
+
+def test_planted_bursts_are_found_and_classed_against_the_cold_start(answers):
+    a, _ = answers
+    found = sorted((b["start_s"], b["duration_s"], b["class"]) for b in a["bursts"])
+    assert found == [(7200.0, 60.0, "noise"), (14400.0, 240.0, "warm"), (21600.0, 900.0, "capacity")]
+    assert a["cold_start_window_s"]["total"] == 420.0
+    assert a["burst_ceiling"]["ceiling_replicas"] > a["concurrency_floor"]["1h"]["replicas_p10"]  # the 900-s one
+    assert a["burst_ceiling"]["ceiling_reached_times"] == 3  # every burst reached that level, one held it
+
+
+def test_residency_against_compute(answers):
+    a, _ = answers
+    r = a["residency"]
+    assert r["loaded_from"] == "recorded ready replicas"
+    assert r["loaded_gpu_hours"] == pytest.approx(80.0, rel=0.01)  # 10 replicas x 8 h
+    burst_h = (60 + 240 + 900) / 3600
+    busy = 6 * (8 - burst_h) + 10 * burst_h  # 6 replicas busy, all 10 during the bursts
+    assert r["busy_gpu_hours"] == pytest.approx(busy, rel=0.01)
+    assert r["residency_over_compute"] == pytest.approx(80.0 / busy, rel=0.01)
+    assert r["idle_loaded_gpu_hours"] == pytest.approx(80.0 - busy, rel=0.02)
+
+
+def test_classes_from_the_recorded_per_priority_rates(answers):
+    a, _ = answers
+    per = a["classes"]["per_class"]
+    assert a["classes"]["source"] == "recorded per-priority arrival rates"
+    assert per["sheddable"]["share_of_requests"] == pytest.approx(0.3) and per["sheddable"]["sheddable"]
+    assert not per["critical"]["sheddable"] and per["critical"]["replicas_saved_at_peak_if_shed"] >= 1
+    assert set(a["duration_variance"]["service_s"]) == {"p50", "p90", "p99"}
+
+
+def test_the_recommended_section_is_accepted_by_run_replay_and_the_benchmark(answers, tmp_path):
+    a, folder = answers
+    written = folder / "recommended.yaml"
+    rec = a["recommended"]
+    assert set(rec["policy"]) <= set(rec["why"]) | {"priorities", "saturation_wait_max_ratio"}
+    assert rec["policy"]["min_replicas"] == a["concurrency_floor"]["replicas"]
+    assert rec["policy"]["max_warm_slots"] >= 1  # the 240-s burst: longer than a start-up, shorter than a cold start
+    spec = load_policy_spec(written)  # replay --policy
+    assert spec.min_replicas == rec["policy"]["min_replicas"] and spec.max_replicas == rec["policy"]["max_replicas"]
+    config = tmp_path / "controller.yaml"  # run: the section pasted into a controller config
+    config.write_text("target: {namespace: llm, name: model}\nprometheus: {url: 'http://prom:9090'}\n"
+                      + written.read_text())
+    assert load_config(config).policy == spec
+    assert bench(["--trace", str(BUNDLED_TRACE), "--policies", "predictive", "--concurrency", "8",
+                  "--policy-config", str(written), "--json"]) == 0
+
+
+def test_the_bundled_trace(tmp_path, capsys):
+    assert main(["analyze", str(BUNDLED_TRACE), "--peak-replicas", "40", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert set(a) >= {"concurrency_floor", "concurrency_bands", "bursts", "burst_ceiling", "cold_start_window_s",
+                      "residency", "classes", "duration_variance", "recommended"}
+    assert a["residency"]["loaded_from"].startswith("not in the data")
+    assert a["duration_variance"]["source"] == "per request" and "output_tokens" in a["duration_variance"]
+
+
+@pytest.mark.parametrize("name", ["azure-llm-2023-code", "mooncake-conversation", "servegen-deepseek-r1",
+                                  "servegen-m-small"])
+def test_every_trace_is_analyzed_and_its_recommendation_meets_the_targets(name, tmp_path, capsys):
+    """As the benchmark scales traces (the busiest minute needs 40 replicas), so does the analysis here."""
+    path = BUNDLED_TRACE.parent if name == "azure-llm-2023-code" else SHARED / name
+    if not path.exists():
+        pytest.skip("the shared traces are research data beside the project")
+    config = tmp_path / "recommended.yaml"
+    assert main(["analyze", str(path), "--peak-replicas", "40", "--json", "--write-config", str(config)]) == 0
+    json.loads(capsys.readouterr().out)
+    assert bench(["--trace", str(path), "--policies", "predictive", "--policy-config", str(config), "--json"]) == 0
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["policy"] == "predictive"]
+    a = row["slo_attainment"]
+    assert a["critical"] >= 0.999 and a["standard"] >= 0.99 and row["shed_by_class"]["sheddable"] <= 0.05, row
