@@ -21,7 +21,7 @@ from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.bounds import bound
 from policies.stages.capacity import unplaceable
-from policies.stages.combine import combine, remember_reactive
+from policies.stages.combine import combine, confirm_window_s, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.growth import growth_risk
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
@@ -92,12 +92,15 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     # A miss while capacity the policy already ordered is still landing says it was late, which more
     # headroom would not fix; a miss with its own last decision ready says the sizing was wrong.
     model_satisfied = cluster.ready_replicas >= (state.last_replicas or cluster.spec_replicas)
-    sizing, why = slo_feedback(spec, state.headroom_ratio, clean, model_satisfied=model_satisfied)
-    state = replace(state, headroom_ratio=sizing)
+    learned, why = slo_feedback(spec, state.headroom_ratio, clean, model_satisfied=model_satisfied)
+    state = replace(state, headroom_ratio=learned)
+    sizing = spec.capacity_ratio * learned
     reasons += why
     reactive_n, why = reactive(spec, clean, service_s, sizing)
     reasons += why
-    recent = remember_reactive(spec, state.reactive_recent, reactive_n, now)
+    rising = fc.climb(spec, forecast_state, startup)
+    window = confirm_window_s(spec, startup, climbing=rising is not None)
+    recent = remember_reactive(state.reactive_recent, reactive_n, now, keep_s=max(window, startup, spec.tick_s))
 
     quantiles = fc.envelope(spec, forecast_state)
     predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s,
@@ -110,8 +113,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
             f"(mean {predicted[0]:.1f}, {forecast_state.kind}, headroom {sizing:.2f}) at +{lead:.0f} s"
         )
     free = cluster.warm_slots_ready + cluster.idle_slots
-    rising = fc.climb(spec, forecast_state, startup) if free else None
-    if rising is not None and predictive_n is not None:
+    if rising is not None and free and predictive_n is not None:
         # Demand climbs steadily: what the climb needs by the end of one start-up is ordered now, onto
         # capacity already paid for (warm and idle slots), so it is ready when the demand is.
         early = min(free, replicas_for_rate(spec, rising * sizing, service_s) - predictive_n)
@@ -119,7 +121,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
             predictive_n += early
             reasons.append(f"forecast: demand climbing steadily to {rising:.1f} req/s at +{startup:.0f} s; "
                            f"{early} replicas ordered now onto warm or idle slots")
-    wanted, why = combine(spec, reactive=reactive_n, recent=recent, predictive=predictive_n)
+    wanted, why = combine(reactive=reactive_n, recent=recent, predictive=predictive_n, window_s=window, now=now)
     reasons += why
     if wanted is None:
         return _hold(current, state, "nothing to size on", dropped)

@@ -41,6 +41,10 @@ class PolicySpec(BaseModel):
         0.002, ge=0, le=1, description="Per quiet tick (p99 < half its target), shrink it by this fraction."
     )
     max_headroom_ratio: float = Field(2.0, ge=1, description="Upper bound of the learned sizing headroom.")
+    capacity_ratio: float = Field(
+        1.0, gt=0, le=10, description="Provision this multiple of what the queueing model asks for (1.1: 10 % "
+        "more, 0.9: 10 % less): the one knob to trade GPU-hours for attainment."
+    )
     gpu_memory_headroom_floor_ratio: float = Field(
         0.05, ge=0, lt=1, description="Below this free KV-cache/GPU-memory fraction, add pressure."
     )
@@ -63,8 +67,9 @@ class PolicySpec(BaseModel):
     refit_interval_s: float = Field(6 * 3600.0, gt=0, description="statsmodels refit schedule.")
     burst_lookback_s: float = Field(3600.0, gt=0, description="Window of observed/expected rate ratios.")
     burst_quantile: float = Field(0.99, gt=0.5, lt=1, description="Upper bound = forecast x this ratio quantile.")
-    burst_confirm_s: float = Field(
-        30.0, ge=0, description="Reactive need above the forecast must persist this long to be provisioned."
+    burst_confirm_s: float | None = Field(
+        None, ge=0, description="Reactive need above the forecast must persist this long to be provisioned "
+        "(None: the learned pod start-up time); a steady climb counts at once."
     )
     outage_hold_s: float = Field(
         3600.0, ge=0, description="An abrupt, implausible drop to ~zero demand is treated as an outage (not "

@@ -8,7 +8,7 @@ import pytest
 from policies import PolicySpec, Sample, Signals
 from policies.stages import forecast as fc
 from policies.stages.bounds import bound
-from policies.stages.combine import combine, remember_reactive
+from policies.stages.combine import combine, confirm_window_s, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.growth import growth_risk, growth_samples
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
@@ -175,16 +175,22 @@ def test_missing_rate_learns_nothing():
 
 
 # -- combine / bounds ---------------------------------------------------------------------------------------
-def test_short_burst_is_not_provisioned_until_sustained(spec):
-    recent = remember_reactive(spec, (), 5, 0.0)
-    recent = remember_reactive(spec, recent, 5, 15.0)
-    recent = remember_reactive(spec, recent, 20, 30.0)
-    n, reasons = combine(spec, reactive=20, recent=recent, predictive=6)
-    assert n == 6 and "forecast" in reasons[0]
-    recent = remember_reactive(spec, recent, 20, 45.0)
-    recent = remember_reactive(spec, recent, 20, 60.0)
-    n, _ = combine(spec, reactive=20, recent=recent, predictive=6)
-    assert n == 20
+def test_short_burst_is_not_provisioned_until_sustained_for_a_start_up(spec):
+    """Start-up 120 s: a burst must hold 120 s before replicas are ordered for it; a climb counts at once."""
+    window = confirm_window_s(spec, 120.0, climbing=False)
+    assert window == 120.0 and confirm_window_s(spec, 120.0, climbing=True) == 0.0
+    assert confirm_window_s(spec.model_copy(update={"burst_confirm_s": 30.0}), 120.0, climbing=False) == 30.0
+    recent = ()
+    for t, r in [(0.0, 5), (15.0, 5), (30.0, 20), (45.0, 20), (60.0, 20), (75.0, 20), (90.0, 20)]:
+        recent = remember_reactive(recent, r, t, keep_s=window)
+    n, reasons = combine(reactive=20, recent=recent, predictive=6, window_s=window, now=90.0)
+    assert n == 6 and "forecast" in reasons[0]  # held 60 s of 120: a burst, queued or shed
+    for t in (105.0, 120.0, 135.0):
+        recent = remember_reactive(recent, 20, t, keep_s=window)
+    n, _ = combine(reactive=20, recent=recent, predictive=6, window_s=window, now=135.0)
+    assert n == 20  # held for a whole start-up: provisioned
+    n, _ = combine(reactive=20, recent=recent[:3], predictive=6, window_s=0.0, now=30.0)
+    assert n == 20  # climbing: at once
 
 
 def test_stabilization_holds_the_window_maximum_and_a_fresh_start_holds_current(spec):
@@ -249,7 +255,7 @@ def test_growth_risk_follows_the_time_of_day_and_has_a_floor():
     assert evening == 0.0
     floored, _ = growth_risk(spec.model_copy(update={"warm_growth_min_ratio": 0.5}), fs, now=3 * 86400.0 + 20 * 3600.0)
     assert floored == 0.5
-    short = ForecastState(history=(100.0, 130.0, 120.0), bucket_start_s=900.0, kind="level", level=120.0)
+    short = ForecastState(history=(40.0, 100.0, 130.0, 120.0), bucket_start_s=1200.0, kind="level", level=120.0)
     risk, why = growth_risk(spec, short, now=900.0)
     assert risk == pytest.approx(0.3, abs=0.01) and "all history" in why
 

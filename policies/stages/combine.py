@@ -1,25 +1,37 @@
 """Stage 5: max(reactive, predictive), where reactive need above the forecast must be sustained.
 
 A burst shorter than the cold-start window is over before a replica ordered for it could serve, so it is
-queued or shed, not provisioned: the reactive figure only counts at the level it has held for
-`burst_confirm_s` (the minimum over that window)."""
+queued or shed, not provisioned: the reactive figure only counts at the level it has held for the
+confirmation window (the minimum over it): `burst_confirm_s`, by default the pod start-up time (a
+replica ordered for a burst that ends sooner would arrive after it). Demand that climbs steadily (see
+`forecast.climb`) is not a burst: there the reactive figure counts at once.
+E.g. start-up 120 s, 15-s ticks: a 60-s spike to twice the load never holds for 120 s, so it is queued
+and shed; a five-minute ramp is a climb and is followed tick by tick."""
 
 from __future__ import annotations
 
 from policies.spec import PolicySpec
 
 
+def confirm_window_s(spec: PolicySpec, startup_s: float, *, climbing: bool) -> float:
+    if climbing:
+        return 0.0
+    return spec.burst_confirm_s if spec.burst_confirm_s is not None else startup_s
+
+
 def remember_reactive(
-    spec: PolicySpec, recent: tuple[tuple[float, int], ...], reactive: int | None, now: float
+    recent: tuple[tuple[float, int], ...], reactive: int | None, now: float, *, keep_s: float
 ) -> tuple[tuple[float, int], ...]:
-    kept = tuple(e for e in recent if now - e[0] < spec.burst_confirm_s)
+    kept = tuple(e for e in recent if now - e[0] < keep_s)
     return kept + ((now, reactive),) if reactive is not None else kept
 
 
 def combine(
-    spec: PolicySpec, *, reactive: int | None, recent: tuple[tuple[float, int], ...], predictive: int | None
+    *, reactive: int | None, recent: tuple[tuple[float, int], ...], predictive: int | None, window_s: float,
+    now: float,
 ) -> tuple[int | None, list[str]]:
-    sustained = min((r for _, r in recent), default=reactive) if reactive is not None else None
+    held = [r for t, r in recent if now - t < window_s] or ([reactive] if reactive is not None else [])
+    sustained = min(held) if reactive is not None else None
     if sustained is None and predictive is None:
         return None, []
     if predictive is None:
@@ -28,5 +40,5 @@ def combine(
         return predictive, [f"combine: forecast needs {predictive}"]
     reasons = [f"combine: current load needs {sustained}"]
     if reactive is not None and reactive > sustained:
-        reasons.append(f"combine: burst to {reactive} not yet sustained {spec.burst_confirm_s:.0f} s; queue/shed")
+        reasons.append(f"combine: burst to {reactive} not yet sustained {window_s:.0f} s; queue/shed")
     return sustained, reasons

@@ -46,7 +46,9 @@ def growth_samples(spec: PolicySpec, history: tuple[float, ...]) -> np.ndarray:
 
 def growth_risk(spec: PolicySpec, fs: ForecastState, now: float) -> tuple[float, str]:
     """The growth to insure against now (a ratio, e.g. 0.4 = +40 %), and where it came from."""
-    samples = growth_samples(spec, fs.history)
+    # The oldest bucket is left out as a window's start: the history began there, in the middle of it,
+    # while the controller's rate windows were still filling (a low start, then every later bucket a "rise").
+    samples = growth_samples(spec, fs.history)[1:]
     floor = spec.warm_growth_min_ratio
     if len(samples) == 0 or fs.bucket_start_s is None:
         return floor, "no history of growth yet"
@@ -54,7 +56,7 @@ def growth_risk(spec: PolicySpec, fs: ForecastState, now: float) -> tuple[float,
     if len(fs.history) >= spec.seasonal_min_cycles * spec.season_buckets:
         # bucket i of the history started at bucket_start_s - (len - i) x width
         width = spec.forecast_bucket_s
-        starts = fs.bucket_start_s - (len(fs.history) - np.arange(len(samples))) * width
+        starts = fs.bucket_start_s - (len(fs.history) - np.arange(1, len(samples) + 1)) * width
         phase = np.mod(starts - now, spec.season_s)
         distance = np.minimum(phase, spec.season_s - phase)
         near = distance <= _TIME_OF_DAY_BUCKETS * width
