@@ -10,30 +10,38 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench bench-controller lint clean system kube proto
+.PHONY: demo test e2e bench bench-controller lint lock clean system kube proto image
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[replay,test]'
 	touch $@
 
 demo: $(STAMP)
 	$(PY) -m loadtest.bench
 
-# Real servers the integration tests start: Prometheus and nginx from Debian.
+# Real servers the integration tests start: Prometheus and nginx from Debian; podman, runc and mmdebstrap
+# to build and run the container image.
+SYSTEM_PACKAGES := prometheus nginx podman runc mmdebstrap
 $(SYSTEM_STAMP): $(STAMP)
-	@command -v prometheus >/dev/null && command -v nginx >/dev/null || \
-	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus nginx)
+	@for cmd in $(SYSTEM_PACKAGES); do command -v $$cmd >/dev/null || missing=1; done; \
+	  [ -z "$$missing" ] || ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $(SUDO) apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES))
 	touch $@
 
 system: $(SYSTEM_STAMP)
 
-# kube-apiserver, etcd, kube-scheduler, kube-controller-manager and kwok, cached outside the repository.
+# kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok, kustomize, Karpenter's kwok provider and
+# KEDA, built from Go modules and cached outside the repository (minutes, once).
 kube:
 	@loadtest/kube/build.sh
+
+# The controller's container image, built with podman (loadtest/image/build.sh explains the offline base).
+image: system
+	@loadtest/image/build.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -41,12 +49,22 @@ lint: $(STAMP)
 test: lint system kube
 	$(PY) -m pytest
 
+# Every closed-loop scenario (`make test` runs the doubling drill only): figures, checks and PNGs in e2e-out/.
+e2e: lint system kube
+	$(PY) -m loadtest.e2e --scenario all --out e2e-out
+
 # Every trace in ../shared/traces (research data, not needed by demo or test).
 bench: $(STAMP)
 	@for t in ../shared/traces/*/; do echo "== $$t"; $(PY) -m loadtest.bench --trace $$t || exit 1; done
 
+# Regenerate constraints.txt from a fresh environment (after changing dependencies in pyproject.toml).
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet '.[replay,test]'
+	(sed -n '1,2p' constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^inference-autoscaler') > constraints.new
+	mv constraints.new constraints.txt && rm -rf .lock-venv
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis replay-out
+	rm -rf $(VENV) .pytest_cache .hypothesis replay-out e2e-out
 
 # Regenerate the KEDA gRPC stubs after editing the proto.
 proto: $(STAMP)
