@@ -60,6 +60,10 @@ class ScrapeSource(_Strict):
 
 class WarmPool(_Strict):
     enabled: bool = True
+    backend: Literal["placeholders", "capacity-buffer"] = Field(
+        "placeholders", description="placeholders: a Deployment of low-priority pods (any node provisioner); "
+        "capacity-buffer: a SIG Autoscaling CapacityBuffer the provisioner honours (Karpenter, cluster-autoscaler)."
+    )
     name_suffix: str = "-warm-pool"
     priority_class: str = Field("autoscaler-placeholder", min_length=1)
     pause_image: str = "registry.k8s.io/pause:3.10"

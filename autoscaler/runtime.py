@@ -32,7 +32,7 @@ from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
-from autoscaler.kube.warmpool import WarmPool
+from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
 from autoscaler.loop import Controller, PriorityCounter
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.presets import SCRAPE
@@ -116,13 +116,26 @@ def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession
     return sources
 
 
+def build_warm_pool(settings: Settings, kube: Kube):
+    """The warm pool backend the config names (None when the warm pool is off)."""
+    pool, target = settings.warm_pool, settings.target
+    if not pool.enabled:
+        return None
+    name = target.name + pool.name_suffix
+    if pool.backend == "capacity-buffer":
+        return CapacityBufferPool(kube, namespace=target.namespace, name=name, target_kind=target.kind,
+                                  target=target.name, max_slots=settings.policy.max_warm_slots)
+    return PlaceholderPool(kube, namespace=target.namespace, name=name, priority_class=pool.priority_class,
+                           pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots)
+
+
 def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
                      board: DecisionBoard, metrics: ControllerMetrics, priorities: PriorityCounter,
                      clock: Clock, parts: Parts) -> Controller:
     """The loop with its actuators (scale subresource, warm pool, events) and, in actuate mode, the leader
     election that gates them."""
     target = settings.target
-    warm_name = target.name + settings.warm_pool.name_suffix
+    warm_pool = build_warm_pool(settings, kube)
     elector = None
     if settings.leader_election.enabled and settings.mode == Mode.actuate:
         le = settings.leader_election
@@ -133,13 +146,11 @@ def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSess
     controller = Controller(
         settings=settings, sources=build_sources(settings, kube, session), board=board, metrics=metrics,
         cluster=ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                              warm_pool_name=warm_name if settings.warm_pool.enabled else None),
+                              warm_pool=warm_pool),
         priorities=priorities,
         scaler=ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
                              min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas),
-        warm_pool=WarmPool(kube, namespace=target.namespace, name=warm_name,
-                           priority_class=settings.warm_pool.priority_class,
-                           pause_image=settings.warm_pool.pause_image, max_slots=settings.policy.max_warm_slots),
+        warm_pool=warm_pool,
         events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
         clock=clock,

@@ -15,7 +15,7 @@ from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
-from autoscaler.kube.warmpool import WarmPool
+from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import ROOT, binaries, model_deployment
 
@@ -107,16 +107,19 @@ def service_account_kubeconfig(cluster, ns: str, context: str) -> str:
 async def scale_and_warm(kube, ns: str, kind: str, model: str) -> int:
     """Read the target, scale it up by one, size its warm pool to one slot, and find another target of the
     same kind forbidden. Returns the replicas before."""
-    reader = ClusterReader(kube, namespace=ns, kind=kind, name=model, warm_pool_name=f"{model}-warm-pool")
+    pool = PlaceholderPool(kube, namespace=ns, name=f"{model}-warm-pool",
+                           priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
+                           max_slots=2)
+    reader = ClusterReader(kube, namespace=ns, kind=kind, name=model, warm_pool=pool)
     state = await reader.read(0.0)
     assert await ScaleActuator(kube, namespace=ns, kind=kind, name=model, min_replicas=1,
                                max_replicas=4).scale(state.spec_replicas + 1) is not None
-    await WarmPool(kube, namespace=ns, name=f"{model}-warm-pool",
-                   priority_class="inference-autoscaler-placeholder", pause_image="registry.k8s.io/pause:3.10",
-                   max_slots=2).ensure(await reader.pod_template(), 1)
+    await pool.ensure(await reader.pod_template(), 1)
     with pytest.raises(PermanentError) as err:
         await ScaleActuator(kube, namespace=ns, kind=kind, name="other", min_replicas=1, max_replicas=4).scale(3)
     assert err.value.kind == "forbidden"
+    # the provisioner's Events about waiting pods can be read (capacity that is not coming)
+    assert await reader._no_capacity({"some-pod": 0.0}, 0.0) == (0, "")
     return state.spec_replicas
 
 

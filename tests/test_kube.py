@@ -12,7 +12,7 @@ from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
-from autoscaler.kube.warmpool import WarmPool
+from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import model_deployment
 
@@ -97,7 +97,7 @@ def test_cluster_state_learns_startup_durations(cluster, namespace):
     deploy(cluster, ns, replicas=1, ready_delay="3s")
 
     async def go(kube):
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
         learned = []
         for _ in range(40):
             state = await reader.read(time.time())
@@ -106,7 +106,7 @@ def test_cluster_state_learns_startup_durations(cluster, namespace):
                 break
             await asyncio.sleep(0.5)
         # a controller started later (a restart) gets back the start-up of the pod already Ready
-        late = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
+        late = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
         [given_back] = (await late.read(time.time())).startup_durations_s
         assert 2.0 <= given_back <= 15.0
         await ScaleActuator(kube, namespace=ns, kind="Deployment", name="model", min_replicas=1,
@@ -150,9 +150,9 @@ def test_placeholder_copies_the_replica_shape(cluster, namespace):
     assert status == 201
 
     async def go(kube):
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name="model-warm")
-        pool = WarmPool(kube, namespace=ns, name="model-warm", priority_class=f"placeholder-{ns}",
-                        pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+        pool = PlaceholderPool(kube, namespace=ns, name="model-warm", priority_class=f"placeholder-{ns}",
+                               pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool)
         template = await reader.pod_template()
         await pool.ensure(template, 2)
         await pool.ensure(template, 9)  # clamped to max_slots, updates in place
@@ -183,9 +183,9 @@ def test_warm_pool_refuses_a_deployment_it_does_not_own(cluster, namespace):
     deploy(cluster, ns, name="model-warm")
 
     async def go(kube):
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool_name=None)
-        pool = WarmPool(kube, namespace=ns, name="model-warm", priority_class="x",
-                        pause_image="pause", max_slots=2)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+        pool = PlaceholderPool(kube, namespace=ns, name="model-warm", priority_class="x",
+                               pause_image="pause", max_slots=2)
         with pytest.raises(PermanentError, match="not ours"):
             await pool.ensure(await reader.pod_template(), 1)
 
@@ -249,3 +249,37 @@ def test_leader_election_one_acts_the_other_takes_over(cluster, namespace):
     assert both == (True, False)
     assert after_release == (False, True)
     assert took_over
+
+
+def test_cluster_state_tells_waiting_for_a_node_from_no_node_coming(cluster, namespace):
+    """A pod no node fits waits (the scheduler's FailedScheduling says nothing about provisioning); once a
+    provisioner's Event says it cannot place it, the pod is not capacity on the way, with that message."""
+    ns = namespace
+    body = model_deployment(ns, "model", 1)
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "100"},
+                                                                       "requests": {"nvidia.com/gpu": "100"}}
+    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)[0] == 201
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+        for _ in range(40):
+            state = await reader.read(time.time())
+            if state.unschedulable_pods:
+                break
+            await asyncio.sleep(0.5)
+        pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
+        pod = pods[0]["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {"metadata": {"name": f"{pod['name']}.karpenter", "namespace": ns},
+                 "involvedObject": {"kind": "Pod", "name": pod["name"], "namespace": ns, "uid": pod["uid"]},
+                 "reason": "FailedScheduling", "type": "Warning", "source": {"component": "karpenter"},
+                 "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        assert cluster.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201
+        told = await reader.read(time.time())
+        return state, told
+
+    waiting, told = run(cluster, go)
+    assert waiting.unschedulable_pods == 1 and waiting.no_capacity_pods == 0  # the scheduler's own word only
+    assert told.unschedulable_pods == 1 and told.no_capacity_pods == 1
+    assert told.no_capacity_reason.startswith("karpenter: Failed to schedule pod") and told.oldest_unschedulable_s >= 0

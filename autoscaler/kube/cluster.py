@@ -5,7 +5,7 @@
   start-up durations (scheduled on a node -> Ready) of pods that became Ready since the last read (each
   pod reported once; at the first read, those of every Ready pod, so a restarted controller gets back what
   it had learned), which feed the policy's learned lead time;
-- ready warm slots: ready replicas of the placeholder Deployment;
+- ready warm slots, as the warm pool backend counts them;
 - pods that wait for a node (PodScheduled=False, Unschedulable) and, among them, those a node provisioner
   said it cannot place (a FailedScheduling or NotTriggerScaleUp Event from anyone but the scheduler itself,
   which reports every pod waiting for a new node: Karpenter's "all available instance types exceed limits
@@ -29,10 +29,11 @@ def label_selector(match_labels: dict[str, str]) -> str:
 
 
 class ClusterReader:
-    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool_name: str | None) -> None:
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool=None) -> None:
+        """`warm_pool`: the warm pool backend (its `ready()` counts ready slots), or None."""
         self.kube = kube
         self.namespace, self.kind, self.name = namespace, kind, name
-        self.warm_pool_name = warm_pool_name
+        self.warm_pool = warm_pool
         self._reported: set[str] = set()
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
@@ -96,17 +97,7 @@ class ClusterReader:
                 if began is not None and became is not None and became >= began:
                     durations.append(became - began)
         self._reported &= seen
-        warm = 0
-        if self.warm_pool_name:
-            try:
-                pool = await self.kube.call(
-                    f"read warm pool {self.warm_pool_name}", self.kube.apps.read_namespaced_deployment,
-                    self.warm_pool_name, self.namespace,
-                )
-                warm = (pool.status.ready_replicas or 0) if pool.status else 0
-            except Exception as exc:  # noqa: BLE001
-                if getattr(exc, "kind", "") != "not_found":
-                    raise
+        warm = await self.warm_pool.ready() if self.warm_pool is not None else 0
         stuck, why = await self._no_capacity(waiting, now) if waiting else (0, "")
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         return ClusterState(

@@ -1,5 +1,17 @@
-"""The warm pool: a Deployment of pause-container placeholder pods shaped like one model replica.
+"""The warm pool, in two backends chosen by `warm_pool.backend`:
 
+- `placeholders` (works with any node provisioner): a Deployment of pause-container placeholder pods shaped
+  like one model replica, at a low priority, so the scheduler preempts one for a real replica and the
+  provisioner replaces the node it held. Ready slots: the Deployment's ready replicas.
+- `capacity-buffer`: a SIG Autoscaling `CapacityBuffer` (autoscaling.x-k8s.io/v1beta1) with `scalableRef` to
+  the model's workload and `replicas` = warm slots: the provisioner (Karpenter behind its CapacityBuffer
+  feature gate, the cluster-autoscaler) keeps room for that many replicas itself, with no pods to preempt.
+  Ready slots: all of them when its Provisioning condition says they fit existing capacity, else those
+  that did not need new capacity (from the condition's "N/M virtual pods required new capacity"). Karpenter
+  counts nodes still starting (launched NodeClaims) as existing capacity, so for the node start-up time
+  after the buffer grows this is ahead of the nodes themselves.
+
+Placeholders in detail:
 Each placeholder requests what one replica's pod requests, all of it (GPUs, CPU, memory, as the scheduler
 counts a pod: `quantity.effective_resources`), and copies the scheduling constraints (node selector,
 affinity, tolerations), so a node provisioned for a placeholder fits the replica, and preempting one frees
@@ -7,6 +19,8 @@ exactly one replica's worth of usable capacity. Its PriorityClass is negative bu
 expendable cutoff (-10), so a preempted placeholder still triggers a new node."""
 
 from __future__ import annotations
+
+import re
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.client import Kube, with_backoff
@@ -56,7 +70,7 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
     }
 
 
-class WarmPool:
+class PlaceholderPool:
     def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
                  pause_image: str, max_slots: int) -> None:
         self.kube = kube
@@ -90,3 +104,91 @@ class WarmPool:
                                  self.name, self.namespace, body)
 
         await with_backoff(attempt, clock=self.kube.clock)
+
+    async def ready(self) -> int:
+        try:
+            pool = await self.kube.call(f"read warm pool {self.name}", self.kube.apps.read_namespaced_deployment,
+                                        self.name, self.namespace)
+        except PermanentError as exc:
+            if exc.kind != "not_found":
+                raise
+            return 0
+        return (pool.status.ready_replicas or 0) if pool.status else 0
+
+
+BUFFER_GROUP, BUFFER_VERSION, BUFFER_PLURAL = "autoscaling.x-k8s.io", "v1beta1", "capacitybuffers"
+ACTIVE_CAPACITY = "buffer.x-k8s.io/active-capacity"
+_NEEDS_NEW = re.compile(r"(\d+)/(\d+) virtual pods required new capacity, (\d+) failed")
+
+
+def buffer_ready(buffer: dict) -> int:
+    """Slots of a CapacityBuffer that sit on existing capacity, from its status (0 when it does not say)."""
+    status = buffer.get("status") or {}
+    replicas = int(status.get("replicas") or 0)
+    for condition in status.get("conditions") or []:
+        if condition.get("type") != "Provisioning":
+            continue
+        if condition.get("status") == "True":
+            return replicas
+        match = _NEEDS_NEW.search(condition.get("message") or "")
+        if match:
+            new, desired, failed = (int(g) for g in match.groups())
+            return max(0, desired - new - failed)
+    return 0
+
+
+class CapacityBufferPool:
+    """The warm pool as a CapacityBuffer named like the placeholder Deployment would be."""
+
+    def __init__(self, kube: Kube, *, namespace: str, name: str, target_kind: str, target: str,
+                 max_slots: int) -> None:
+        self.kube = kube
+        self.namespace, self.name, self.target_kind, self.target = namespace, name, target_kind, target
+        self.max_slots = max_slots
+
+    def _call(self, what: str, method: str, *args):
+        fn = getattr(self.kube.custom, method)
+        return self.kube.call(f"{what} CapacityBuffer {self.namespace}/{self.name}", fn, BUFFER_GROUP,
+                              BUFFER_VERSION, self.namespace, BUFFER_PLURAL, *args)
+
+    async def ensure(self, template, slots: int) -> None:
+        body = {
+            "apiVersion": f"{BUFFER_GROUP}/{BUFFER_VERSION}", "kind": "CapacityBuffer",
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(MANAGED_BY)},
+            "spec": {"scalableRef": {"apiGroup": "apps", "kind": self.target_kind, "name": self.target},
+                     "replicas": max(0, min(self.max_slots, slots)), "provisioningStrategy": ACTIVE_CAPACITY},
+        }
+
+        async def attempt() -> None:
+            try:
+                current = await self._call("read", "get_namespaced_custom_object", self.name)
+            except PermanentError as exc:
+                if exc.kind != "not_found":
+                    raise
+                try:
+                    await self._call("create", "create_namespaced_custom_object", body)
+                except PermanentError as missing:
+                    if missing.kind == "not_found":
+                        raise PermanentError(
+                            "the CapacityBuffer API (autoscaling.x-k8s.io/v1beta1) is not served here: install "
+                            "its CRD or set warm_pool.backend: placeholders", kind="no_capacity_buffer_api") from None
+                    raise
+                return
+            if (current["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by") != \
+                    MANAGED_BY["app.kubernetes.io/managed-by"]:
+                raise PermanentError(f"CapacityBuffer {self.namespace}/{self.name} exists and is not ours; "
+                                     "refusing to take it over", kind="not_owned")
+            if current.get("spec") == body["spec"]:
+                return
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self._call("update", "replace_namespaced_custom_object", self.name, body)
+
+        await with_backoff(attempt, clock=self.kube.clock)
+
+    async def ready(self) -> int:
+        try:
+            return buffer_ready(await self._call("read", "get_namespaced_custom_object", self.name))
+        except PermanentError as exc:
+            if exc.kind != "not_found":
+                raise
+            return 0

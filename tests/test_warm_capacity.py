@@ -1,0 +1,146 @@
+"""Warm capacity on a real node provisioner (Karpenter's kwok provider), in both backends: placeholders that
+the scheduler preempts for real replicas and that get new nodes, and a CapacityBuffer that Karpenter keeps
+room for. Either way a replica ordered onto warm capacity is placed without waiting for a new node."""
+
+import asyncio
+import time
+
+import pytest
+
+from autoscaler.kube.client import Kube
+from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
+from loadtest.kube.controlplane import control_plane
+from loadtest.kube.karpenter import POOL, POOL_LABEL, karpenter
+
+NODE_START_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def provisioned():
+    with control_plane(with_pods=True) as cp, karpenter(cp, gpu_limit=12, node_start_s=NODE_START_S,
+                                                      consolidate_after_s=600) as karp:
+        cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                  "metadata": {"name": "placeholder"}, "value": -5, "preemptionPolicy": "Never"})
+        yield cp, karp
+
+
+def model(ns: str, replicas: int) -> dict:
+    labels = {"app": "model"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "model", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels, "annotations": {"pod-ready.stage.kwok.x-k8s.io/delay": "1s"}},
+                "spec": {"nodeSelector": {POOL_LABEL: POOL}, "containers": [{
+                    "name": "vllm", "image": "vllm",
+                    "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "32Gi"},
+                                  "limits": {"nvidia.com/gpu": "1"}}}]}}}}
+
+
+def run(cp, fn):
+    async def go():
+        kube = await Kube.connect(cp.kubeconfig)
+        try:
+            return await fn(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(go())
+
+
+async def until(predicate, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.25)
+    raise TimeoutError("condition not reached")
+
+
+def scheduled_without_new_nodes(cp, karp, ns, before_nodes):
+    """Scale the model by two; its new pods must be placed on nodes that already exist."""
+    cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": 3}})
+    started = time.monotonic()
+    while time.monotonic() - started < 30:
+        pods = cp.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app%3Dmodel")[1]["items"]
+        placed = [p for p in pods if p["spec"].get("nodeName")]
+        if len(placed) == 3:
+            return time.monotonic() - started, {p["spec"]["nodeName"] for p in placed} <= before_nodes
+        time.sleep(0.2)
+    raise TimeoutError("the model's new replicas were not placed")
+
+
+def ready_nodes(karp, *, at_least: int, timeout_s: float = 30.0) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = {n["metadata"]["name"] for n in karp.nodes()
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+        if len(ready) >= at_least or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.25)
+
+
+def test_capacity_buffer_keeps_room_for_replicas(provisioned):
+    cp, karp = provisioned
+    ns = "buffer"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cp.apply(model(ns, 1))
+
+    async def go(kube):
+        pool = CapacityBufferPool(kube, namespace=ns, name="model-warm-pool", target_kind="Deployment",
+                                  target="model", max_slots=4)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool)
+        await until(lambda: _ready(reader, 1))
+        await pool.ensure(await reader.pod_template(), 2)
+        await pool.ensure(await reader.pod_template(), 2)  # unchanged: no write
+        state = await until(lambda: _warm(reader, 2))
+        return state
+
+    state = run(cp, go)
+    assert state.warm_slots_ready == 2  # Karpenter: "all 2 virtual pods fit on existing capacity"
+    # (existing capacity includes NodeClaims still launching: wait for the nodes themselves)
+    nodes = ready_nodes(karp, at_least=3)  # one for the replica, room for two more
+    seconds, on_existing = scheduled_without_new_nodes(cp, karp, ns, nodes)
+    assert on_existing, "replicas ordered onto the buffer needed new nodes"
+    assert seconds < NODE_START_S + 5
+
+
+def test_placeholders_are_preempted_and_get_new_nodes(provisioned):
+    cp, karp = provisioned
+    ns = "placeholders"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cp.apply(model(ns, 1))
+
+    async def go(kube):
+        pool = PlaceholderPool(kube, namespace=ns, name="model-warm-pool", priority_class="placeholder",
+                               pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool)
+        await until(lambda: _ready(reader, 1))
+        await pool.ensure(await reader.pod_template(), 2)
+        return await until(lambda: _warm(reader, 2)), pool, reader
+
+    state, _, _ = run(cp, go)
+    assert state.warm_slots_ready == 2
+    nodes = ready_nodes(karp, at_least=1)
+    seconds, on_existing = scheduled_without_new_nodes(cp, karp, ns, nodes)
+    assert on_existing and seconds < NODE_START_S + 5  # the scheduler preempted placeholders for them
+    events = cp.request("GET", f"/api/v1/namespaces/{ns}/events")[1]["items"]
+    assert any(e["reason"] == "Preempted" and "warm-pool" in e["involvedObject"]["name"] for e in events)
+
+    async def refilled(kube):
+        pool = PlaceholderPool(kube, namespace=ns, name="model-warm-pool", priority_class="placeholder",
+                               pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool)
+        return await until(lambda: _warm(reader, 2), timeout_s=60)
+
+    assert run(cp, refilled).warm_slots_ready == 2  # the preempted placeholders got new nodes
+
+
+async def _ready(reader, n):
+    state = await reader.read(time.time())
+    return state if state.ready_replicas >= n else None
+
+
+async def _warm(reader, n):
+    state = await reader.read(time.time())
+    return state if state.warm_slots_ready >= n else None
