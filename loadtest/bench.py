@@ -14,6 +14,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from autoscaler.config import describe, read_yaml_mapping
-from autoscaler.errors import ConfigError, TraceError
+from autoscaler.errors import ConfigError, InputError
 from autoscaler.sim.cluster import ClusterModel
+from autoscaler.sim.rate import tick_arrivals
 from autoscaler.sim.run import RunResult, SimConfig, initial_replicas, needed_replicas, run, ticks
+from autoscaler.sim.workload import RequestWorkload
+from policies.queueing import servers_for
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
 from autoscaler.traces import read_trace
 from loadtest import policyset, scenarios
@@ -39,6 +43,34 @@ def targets(classes: tuple[str, ...], sheddable: tuple[str, ...]) -> dict[str, f
     """Attainment target per class that is never shed (highest first)."""
     kept = [c for c in classes if c not in sheddable]
     return {c: TOP_TARGET if i == 0 else OTHER_TARGET for i, c in enumerate(kept)}
+
+
+def floor_gpu_hours(workload, config: SimConfig) -> float:
+    """A lower bound on GPU-hours: every tick's demand served at the SLO (the Erlang C slots its arrival
+    rate needs at its mean service time), with no start-up, provisioning or rounding waste: fractional
+    replicas, ready the instant they are needed. What perfect, instant scaling would cost."""
+    n = ticks(workload, config.tick_s)
+    k = config.server.concurrency
+    if isinstance(workload, RequestWorkload):
+        index = np.minimum((workload.arrival_s // config.tick_s).astype(int), n - 1)
+        counts = np.bincount(index, minlength=n)
+        work = np.bincount(index, weights=workload.service_s, minlength=n)
+        rates = counts / config.tick_s
+        services = np.where(counts > 0, work / np.maximum(counts, 1), 1.0)
+    else:
+        t = np.arange(n) * config.tick_s
+        win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
+        rates = tick_arrivals(workload, config.tick_s, config.arrival_seed) / config.tick_s
+        services = workload.service_s[win]
+    cache: dict[tuple[float, float], int] = {}
+    slots = 0.0
+    for rate, service in zip(rates, services):
+        key = (round(float(rate), 3), round(float(service), 3))
+        if key not in cache:
+            cache[key] = servers_for(rate_per_s=key[0], service_s=key[1], wait_s=config.slo_s,
+                                     miss_ratio=config.miss_ratio)
+        slots += cache[key]
+    return slots / k * config.tick_s / 3600.0
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -163,25 +195,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="one predictive policy field (YAML value), over --policy-config; repeatable")
     p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    p.add_argument("--frontier", action="store_true",
+                   help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets")
+    p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here")
+    p.add_argument("--workers", type=int, default=None, help="with --frontier: processes (default: CPUs)")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@dataclass
+class Setup:
+    """One benchmark's world: the workload on the simulated cluster, what each tick truly needs, the shared
+    replica bound and the predictive policy's spec."""
+
+    workload: object
+    config: SimConfig
+    needed: np.ndarray
+    initial: int
+    bound: int
+    spec: object
+    classes: tuple[str, ...]
+    sheddable: tuple[str, ...]
+
+    def start(self, name: str) -> int:
+        """Replicas a policy starts with: static runs its peak from the start, the others what the first
+        cold start needs."""
+        return min(int(self.needed.max()), self.bound) if name == "static" else self.initial
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    """The setup from the flags; InputError (TraceError, ConfigError) or ValueError on bad input."""
     classes = CLASSES
     try:
         mix = tuple(float(x) for x in args.priority_mix.split(","))
         if len(mix) != len(classes) or min(mix) < 0 or sum(mix) <= 0:
             raise ValueError
     except ValueError:
-        print(f"--priority-mix: expected {len(classes)} non-negative shares for {list(classes)} like 0.2,0.5,0.3, "
-              f"got {args.priority_mix!r}", file=sys.stderr)
-        return 2
-    try:
-        trace = scenarios.read(args.trace) if scenarios.is_scenario(args.trace) else read_trace(args.trace)
-    except TraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--priority-mix: expected {len(classes)} non-negative shares for {list(classes)} like "
+                          f"0.2,0.5,0.3, got {args.priority_mix!r}") from None
+    trace = scenarios.read(args.trace) if scenarios.is_scenario(args.trace) else read_trace(args.trace)
     server = ServerModel(concurrency=args.concurrency)
     config = SimConfig(
         tick_s=args.tick_s,
@@ -195,27 +246,47 @@ def main(argv: list[str] | None = None) -> int:
                               server=server)
     )
     needed = needed_replicas(workload, config)
-    initial = initial_replicas(needed, config)
+    bound = policyset.replica_bound(needed)
+    try:
+        spec = policyset.predictive_spec(config, policy_overrides(args), max_replicas=bound)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, args.policy_config or "--policy-set")) from None
+    sheddable = tuple(c for c in classes if spec.priorities[c] < spec.shed_priority_below)
+    return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        setup = prepare(args)
+    except (InputError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.frontier:
+        from loadtest.frontier import frontier_main
+
+        return frontier_main(args, setup)
+    workload, config, needed, classes, sheddable = (setup.workload, setup.config, setup.needed, setup.classes,
+                                                    setup.sheddable)
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)
     try:
-        spec = policyset.predictive_spec(config, policy_overrides(args))
-    except ValidationError as exc:
-        print(f"error: {describe(exc, args.policy_config or '--policy-set')}", file=sys.stderr)
-        return 2
-    except (ValueError, ConfigError) as exc:
+        runs = policyset.build(config, needed, names, predictive=setup.spec, max_replicas=setup.bound)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    runs = policyset.build(config, needed, names, predictive=spec)
     results = {}
     for policy in runs:
-        start = min(int(needed.max()), policyset.MAX_REPLICAS) if policy.name == "static" else initial  # static runs its peak from the start
         results[policy.name] = run(
-            policy, workload, config, initial_replicas=start, keep_timeline=args.timeline_dir is not None
+            policy, workload, config, initial_replicas=setup.start(policy.name),
+            keep_timeline=args.timeline_dir is not None,
         )
     clairvoyant = results["clairvoyant"].costs.total_gpu_hours
     rows = [figures(results[p.name], clairvoyant) for p in runs]
+    floor = floor_gpu_hours(workload, config)
+    for row in rows:
+        row["gpu_hours_vs_floor"] = round(row["gpu_hours"] / floor, 3) if floor else None
     if args.timeline_dir:
         from autoscaler.replay.output import write_csv
 
@@ -228,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"trace {workload.name}: {workload.span_s / 3600:.1f} h, scale x{workload.scale:.3g}, "
-        f"{ticks(workload, config.tick_s)} ticks of {config.tick_s:.0f} s, peak need {needed.max()} replicas, "
-        f"SLO queue wait <= {config.slo_s:.1f} s"
+        f"{ticks(workload, config.tick_s)} ticks of {config.tick_s:.0f} s, peak need {needed.max()} replicas "
+        f"(replica bound {setup.bound}), SLO queue wait <= {config.slo_s:.1f} s, floor {floor:.2f} GPU-h"
     )
-    sheddable = tuple(c for c in classes if spec.priorities[c] < spec.shed_priority_below)
+    if setup.spec.max_replicas < needed.max():
+        print(f"note: the policy's max_replicas ({setup.spec.max_replicas}) is below the trace's peak need "
+              f"({needed.max()}); {int((needed > setup.spec.max_replicas).sum())} ticks need more")
     print(table(rows, classes, sheddable))
     if "predictive" in results:
         ours = results["predictive"]

@@ -69,3 +69,30 @@ def test_policy_settings_that_contradict_the_simulated_cluster_are_refused(capsy
     assert "replica_concurrency = 4" in capsys.readouterr().err
     assert main(["--policies", "predictive", "--policy-set", "max_replicas=-1"]) == 2
     assert "max_replicas" in capsys.readouterr().err
+
+
+def test_frontier_sweeps_each_policys_knob_and_finds_the_gpu_hours_at_target(capsys, tmp_path):
+    png = tmp_path / "frontier.png"
+    assert main(["--trace", str(BUNDLED_TRACE), "--frontier", "--policies", "hpa,static", "--workers", "2",
+                 "--json", "--frontier-png", str(png)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["frontier"]) == {"hpa", "static", "clairvoyant"}
+    assert [p["value"] for p in doc["frontier"]["hpa"]] == [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    static = sorted(doc["frontier"]["static"], key=lambda p: p["gpu_hours"])
+    assert static[0]["slo_attainment"]["critical"] < 0.999 <= static[-1]["slo_attainment"]["critical"]
+    at = doc["gpu_hours_at_target"]["static"]
+    meeting = [p["gpu_hours"] for p in static if p["slo_attainment"]["critical"] >= 0.999
+               and p["slo_attainment"]["standard"] >= 0.99]
+    missing = [p["gpu_hours"] for p in static if p["gpu_hours"] < min(meeting)]
+    assert max(missing) <= at <= min(meeting)  # interpolated between the last miss and the first meet
+    assert doc["floor_gpu_hours"] < doc["clairvoyant_gpu_hours"]  # the floor is a lower bound
+    assert png.stat().st_size > 10_000
+
+
+def test_the_replica_bound_never_caps_a_trace():
+    import numpy as np
+
+    from loadtest.policyset import MIN_REPLICA_BOUND, replica_bound
+
+    assert replica_bound(np.array([3, 40, 66])) == MIN_REPLICA_BOUND
+    assert replica_bound(np.array([10, 403])) == 504  # 1.25 x the busiest tick
