@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+
+import yaml
 
 from policies import ClusterState, Sample, Signals
 
@@ -50,3 +53,12 @@ def signals(
     )
 
 
+
+
+def render(overlay) -> list[dict]:
+    """An overlay of deploy/ by name, or any kustomization directory by path, rendered with kustomize."""
+    from loadtest.kube.controlplane import binaries
+
+    out = subprocess.run([str(binaries() / "kustomize"), "build", str(ROOT / "deploy" / overlay)],
+                         check=True, capture_output=True, text=True)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]

@@ -3,7 +3,6 @@
 import asyncio
 import json
 import os
-import subprocess
 
 import pytest
 import yaml
@@ -17,7 +16,8 @@ from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import PlaceholderPool
 
-from loadtest.kube.controlplane import ROOT, binaries, model_deployment
+from loadtest.kube.controlplane import ROOT, model_deployment
+from helpers import render
 
 NS, MODEL, SA = "llm", "llama-3-8b", "inference-autoscaler"
 PATHS = {
@@ -30,13 +30,6 @@ PATHS = {
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
 }
-
-
-def render(overlay) -> list[dict]:
-    """An overlay of deploy/ by name, or any kustomization directory by path."""
-    out = subprocess.run([str(binaries() / "kustomize"), "build", str(ROOT / "deploy" / overlay)],
-                         check=True, capture_output=True, text=True)
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
 @pytest.fixture(scope="module")

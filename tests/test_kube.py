@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from autoscaler.errors import PermanentError
+from autoscaler.errors import ConfigError, PermanentError
 from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.events import EventRecorder
@@ -283,3 +283,12 @@ def test_cluster_state_tells_waiting_for_a_node_from_no_node_coming(cluster, nam
     assert waiting.unschedulable_pods == 1 and waiting.no_capacity_pods == 0  # the scheduler's own word only
     assert told.unschedulable_pods == 1 and told.no_capacity_pods == 1
     assert told.no_capacity_reason.startswith("karpenter: Failed to schedule pod") and told.oldest_unschedulable_s >= 0
+
+
+@pytest.mark.parametrize("content", [None, "just text\n", "apiVersion: v1\nkind: Config\n"])
+def test_a_missing_or_malformed_kubeconfig_is_a_config_error_naming_the_file(tmp_path, content):
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=str(path)):
+        asyncio.run(Kube.connect(str(path)))

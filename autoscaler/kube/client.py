@@ -6,6 +6,7 @@ network errors and timeouts are transient. `asyncio.CancelledError` passes throu
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
@@ -13,7 +14,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import EdgeError, PermanentError, TransientError
+from autoscaler.errors import ConfigError, EdgeError, PermanentError, TransientError
 from autoscaler.times import parse_time
 
 T = TypeVar("T")
@@ -62,10 +63,16 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, clock: Clock | None = None) -> "Kube":
         configuration = client.Configuration()
-        if kubeconfig:
-            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
+        if kubeconfig and not os.path.isfile(kubeconfig):
+            raise ConfigError(f"kubeconfig {kubeconfig}: no such file")
+        try:
+            if kubeconfig:
+                await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+        except (config.ConfigException, OSError, TypeError, ValueError) as exc:  # a file that is no kubeconfig
+            where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration (no --kubeconfig)"
+            raise ConfigError(f"{where}: {exc}") from exc
         return cls(client.ApiClient(configuration=configuration), clock)
 
     async def call(self, what: str, fn: Callable[..., Awaitable[T]], *args, **kwargs) -> T:

@@ -38,7 +38,7 @@ SCENARIOS = {
     "doubling": Scenario("doubling", config={"policy": {"warm_growth_min_ratio": 1.0}}, check=checks.doubling),
     "short-burst": Scenario("short-burst", check=checks.short_burst),
     "diurnal-down": Scenario("diurnal-down", check=checks.diurnal_down),
-    "no-capacity": Scenario("no-capacity", config={"gpu_limit": 9}, actions=((35 * 60.0, "raise-gpu-limit"),),
+    "no-capacity": Scenario("no-capacity", config={"gpu_limit": 11}, actions=((35 * 60.0, "raise-gpu-limit"),),
                             check=checks.no_capacity),
     "controller-restart": Scenario("controller-restart", controllers=2,
                                    actions=((25 * 60.0, "kill-leader"), (27 * 60.0, "restart-killed")),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the Kubernetes test environment from Go modules, once: kube-apiserver, kube-controller-manager,
 # kube-scheduler (k8s.io/kubernetes through a wrapper module with replace directives for its staging modules),
-# etcd, kwok, kustomize (to render deploy/), Karpenter's kwok provider (the node provisioner) with its CRDs.
+# etcd, kwok, kustomize (to render deploy/), Karpenter's kwok provider (the node provisioner) with its CRDs,
+# and KEDA's operator and metrics adapter with theirs.
 # The binaries are cached outside the repository and rebuilt only when missing. Prints the binary folder on
 # its last line.
 set -euo pipefail
@@ -11,6 +12,7 @@ ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
 KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-5.7.1}"
 KARPENTER_VERSION="${KARPENTER_VERSION:-1.14.0}"  # 1.14.3 and later need a newer Go than 1.26.8
+KEDA_VERSION="${KEDA_VERSION:-2.21.0}"
 CACHE="${KUBE_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-autoscaler/k8s-v${K8S_VERSION}}"
 BIN="$CACHE/bin"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -101,6 +103,31 @@ if need karpenter-kwok || [ ! -d "$BIN/karpenter-crds" ]; then
   cp "$src"/charts/crds/*.yaml "$src"/apis/crds/*.yaml "$BIN/karpenter-crds.tmp/"
   chmod u+w "$BIN"/karpenter-crds.tmp/*.yaml
   rm -rf "$BIN/karpenter-crds" && mv "$BIN/karpenter-crds.tmp" "$BIN/karpenter-crds"
+fi
+
+if need keda-operator || need keda-adapter || [ ! -d "$BIN/keda-crds" ]; then
+  # KEDA's go.mod has replace and exclude directives, which `go install pkg@version` refuses: a wrapper
+  # module repeats them.
+  work="$CACHE/keda"
+  mkdir -p "$work"
+  src="$(go mod download -json "github.com/kedacore/keda/v2@v${KEDA_VERSION}" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')"
+  {
+    printf 'module testenv/keda\n\ngo 1.26.0\n\nrequire github.com/kedacore/keda/v2 v%s\n\n' "$KEDA_VERSION"
+    awk '/^(replace|exclude) *\($/ {block=1} block {print} /^\)/ {block=0} /^(replace|exclude) [^(]/ {print}' "$src/go.mod"
+  } > "$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/kedacore/keda/v2/cmd/adapter"\n\t_ "github.com/kedacore/keda/v2/cmd/operator"\n)\n' > "$work/tools.go"
+  cd "$work"
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy
+  for cmd in operator adapter; do
+    if need "keda-$cmd"; then
+      echo "building keda-$cmd v${KEDA_VERSION} (first time only, the longest build)..." >&2
+      go build -tags tools -trimpath -o "$BIN/keda-$cmd" "github.com/kedacore/keda/v2/cmd/$cmd"
+    fi
+  done
+  mkdir -p "$BIN/keda-crds.tmp"
+  cp "$src"/config/crd/bases/*.yaml "$BIN/keda-crds.tmp/"
+  chmod u+w "$BIN"/keda-crds.tmp/*.yaml
+  rm -rf "$BIN/keda-crds" && mv "$BIN/keda-crds.tmp" "$BIN/keda-crds"
 fi
 
 echo "$BIN"
