@@ -105,6 +105,7 @@ class ForecastState:
     history: tuple[float, ...] = ()
     kind: str = "none"  # none | level | holt | holt-winters
     fitted_at_s: float | None = None
+    fitted_buckets: int = 0  # history length at the last fit
     alpha: float = 0.0
     beta: float = 0.0
     gamma: float = 0.0

@@ -142,7 +142,7 @@ def test_cheap_update_continues_the_fitted_filter():
     for y in buckets[36:]:
         fs = fc._step(fs, float(y))
     model = ExponentialSmoothing(buckets[:36], trend="add", damped_trend=True, seasonal="add", seasonal_periods=12,
-                                 initialization_method="heuristic")
+                                 initialization_method="heuristic", bounds=fc._BOUNDS)
     fitted = model.fit()
     params = {k: fitted.params[k] for k in ("smoothing_level", "smoothing_trend", "smoothing_seasonal",
                                              "damping_trend", "initial_level", "initial_trend")}
@@ -155,6 +155,21 @@ def test_cheap_update_continues_the_fitted_filter():
         smoothing_seasonal=params["smoothing_seasonal"], damping_trend=params["damping_trend"], optimized=False)
     assert fs.level == pytest.approx(continued.level[-1], rel=1e-6)
     assert fc.point(fs, 1) == pytest.approx(continued.forecast(1)[0], rel=1e-6)
+
+
+def test_a_start_up_ramp_is_not_a_trend_and_the_forecast_follows_a_decline():
+    """Seen live: a controller started with the traffic, so its first bucket held the ramp-in (0, then the
+    level). Fitted on 6 buckets, statsmodels' best Holt was alpha ~ 0: a rising line that the falling
+    demand after it never moved, for the whole refit interval (the forecast rose while demand halved)."""
+    spec = PolicySpec(forecast_bucket_s=300.0)
+    t = np.arange(0, 30 * 60, 15.0)
+    ramp_in = np.minimum(1.0, t / 60.0) * 50.0  # the rate window filling up
+    t2 = np.arange(30 * 60, 90 * 60, 15.0)
+    decline = 50.0 - 25.0 * (t2 - 30 * 60) / 3600.0  # then halving over an hour
+    fs, now = _feed(spec, np.concatenate([ramp_in, decline]), start=7.0)
+    assert fs.alpha >= 0.1 and fs.fitted_buckets > 6  # refitted as the history grew
+    mean, _ = fc.forecast(spec, fs, now=now, start_s=60.0, end_s=60.0)
+    assert mean < 32.0  # demand is at 25 and falling: not the 50+ a frozen rising line would say
 
 
 def test_upper_bound_tracks_on_off_bursts_without_multiplying_them():

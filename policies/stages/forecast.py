@@ -40,6 +40,14 @@ from policies.spec import PolicySpec
 from policies.types import ForecastState
 
 _HOLT_MIN_BUCKETS = 6
+# Smoothing parameters are kept where the model still learns: on a few buckets statsmodels' best fit is
+# often alpha ~ 0, a straight line through them that no later bucket moves (a start-up ramp then reads as a
+# trend that holds for the whole refit interval). The level takes at least 10 % of each bucket's error;
+# the trend is damped at least 2 % a bucket.
+_BOUNDS = {"smoothing_level": (0.1, 1.0), "damping_trend": (0.8, 0.98)}
+# While the history is short, refit whenever it has grown by half since the last fit (6, 9, 14, 21, ...
+# buckets), not only every `refit_interval_s`: the first fits are on very little data.
+_REFIT_GROWTH = 1.5
 _OUTAGE_RATIO = 0.05
 _OUTAGE_MIN_EXPECTED = 20.0  # requests per tick
 _OUTAGE_MAX_SHARE = 0.01
@@ -91,10 +99,11 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
             if seasonal:
                 model = ExponentialSmoothing(
                     y, trend="add", damped_trend=True, seasonal="add", seasonal_periods=m,
-                    initialization_method="heuristic",
+                    initialization_method="heuristic", bounds=_BOUNDS,
                 )
             else:
-                model = ExponentialSmoothing(y, trend="add", damped_trend=True, initialization_method="estimated")
+                model = ExponentialSmoothing(y, trend="add", damped_trend=True, initialization_method="estimated",
+                                             bounds=_BOUNDS)
             r = model.fit()
         except (ValueError, np.linalg.LinAlgError):
             return replace(fs, fitted_at_s=now)
@@ -113,6 +122,7 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
         fs,
         kind="holt-winters" if seasonal else "holt",
         fitted_at_s=now,
+        fitted_buckets=len(y),
         alpha=float(values[0]), beta=float(values[1]), phi=float(values[2]),
         level=float(values[3]), trend=float(values[4]),
         gamma=gamma, season=season, season_pos=0,
@@ -152,7 +162,8 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
     """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned)."""
     fs = _close_buckets(spec, fs, now)
     wanted = _wanted_kind(spec, len(fs.history))
-    due = fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
+    due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
+           or len(fs.history) >= _REFIT_GROWTH * fs.fitted_buckets)
     if wanted in ("holt", "holt-winters") and (wanted != fs.kind or due):
         fs = _fit(spec, fs, now)
     if rate is None:
