@@ -271,3 +271,27 @@ def test_the_simulators_follow_the_policys_classes():
     for i in range(16):
         sim.serve(i * 15.0, (i + 1) * 15.0, cluster, {})
     assert sim.total == pytest.approx([480.0, 480.0])  # the windows alternate between the two classes
+
+
+def test_a_node_limit_leaves_replicas_pending_without_cost_until_it_is_raised():
+    from autoscaler.sim.cluster import ClusterModel, SimCluster
+
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=50.0, node_jitter_ratio=0.0,
+                         node_limit=((0.0, 3), (1000.0, 10)))
+    cluster = SimCluster.started(model, replicas=2, now=0.0)
+    cluster.scale_to(5)
+    state = cluster.state()
+    assert (state.spec_replicas, state.ready_replicas, state.no_capacity_pods) == (5, 2, 2)
+    cluster.warm_to(2)  # no room for warm capacity either
+    assert cluster.state().warm_slots_ready == 0 and not cluster.warm_pending
+    cluster.advance(500.0)
+    cluster.scale_to(4)  # an unplaced replica goes first, and costs nothing
+    assert cluster.state().no_capacity_pods == 1
+    cluster.advance(1000.0)  # the limit is raised: the last one gets a node, then starts
+    assert cluster.state().no_capacity_pods == 0
+    assert cluster.ready(1000.0 + 149.0) == 3 and cluster.ready(1000.0 + 150.0) == 4
+    cluster.advance(2000.0)
+    costs = cluster.finish()
+    # 3 replicas placed at 0 (one on a new node), 1 placed at 1000: billed from 1000 only, not while Pending
+    assert costs.serving_s + costs.warming_s == pytest.approx(3 * 2000.0 + 1000.0)
+    assert cluster.capacity_lags_s[-1] == pytest.approx(1150.0)  # ordered at 0, Ready at 1150

@@ -16,6 +16,7 @@ removal or preemption (warm pool), idle nodes until reused or removed (idle).
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,16 @@ class ClusterModel:
     node_jitter_ratio: float = 0.2
     node_idle_timeout_s: float = 600.0
     seed: int = 3
+    # The node pool's limit in one-replica nodes, as (from time s, nodes) steps; empty: no limit. A replica
+    # that needs a new node beyond it stays Pending (no node, no cost) until the limit is raised.
+    node_limit: tuple[tuple[float, int], ...] = ()
+
+    def nodes_allowed(self, now: float) -> float:
+        allowed = math.inf
+        for since, nodes in self.node_limit:
+            if since <= now:
+                allowed = nodes
+        return allowed
 
     @property
     def worst_cold_start_s(self) -> float:
@@ -68,6 +79,7 @@ class SimCluster:
     scaling_actions: int = 0
     # How long each replica added after the start took from its order to Ready: the time to capacity.
     capacity_lags_s: list[float] = field(default_factory=list)
+    unplaced: list[float] = field(default_factory=list)  # creation times of replicas no node can be made for
     _startups_seen: list[float] = field(default_factory=list)
     _reported_until: float = -1e18
 
@@ -103,6 +115,16 @@ class SimCluster:
             self.warm_pending = [p for p in self.warm_pending if p[1] > now]
             self.warm_ready += [created for created, _ in landed]
         self.now = now
+        while self.unplaced and self._nodes() < self.model.nodes_allowed(now):
+            created = self.unplaced.pop(0)
+            self.pods.remove(next(p for p in self.pods if p.created_s == created and p.ready_s == math.inf))
+            ready = now + self._provisioning() + self._startup()
+            bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)  # billed from its node on
+            self.capacity_lags_s.append(ready - created)
+
+    def _nodes(self) -> int:
+        """Nodes that exist or are being made: placed replicas, warm slots, idle nodes."""
+        return len(self.pods) - len(self.unplaced) + len(self.warm_ready) + len(self.warm_pending) + len(self.idle)
 
     # -- observation ----------------------------------------------------------------------------------------
     def ready(self, at: float | None = None) -> int:
@@ -126,6 +148,10 @@ class SimCluster:
             starting_replicas=len(self.pods) - ready,
             warm_slots_ready=len(self.warm_ready),
             idle_slots=len(self.idle),
+            unschedulable_pods=len(self.unplaced),
+            no_capacity_pods=len(self.unplaced),
+            no_capacity_reason="the node pool's limit is reached" if self.unplaced else "",
+            oldest_unschedulable_s=self.now - self.unplaced[0] if self.unplaced else 0.0,
             startup_durations_s=seen,
             at_s=self.now,
         )
@@ -157,13 +183,20 @@ class SimCluster:
             created, node_ready = self.warm_pending.pop(0)
             self.costs.warm_pool_s += now - created
             ready = node_ready + self._startup()
+        elif self._nodes() >= self.model.nodes_allowed(now):
+            self.unplaced.append(now)
+            bisect.insort(self.pods, _Pod(now, math.inf), key=lambda p: p.ready_s)
+            return
         else:
             ready = now + self._provisioning() + self._startup()
         bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)
         self.capacity_lags_s.append(ready - now)
 
     def _remove_pod(self) -> None:
-        pod = self.pods.pop()  # the least ready
+        pod = self.pods.pop()  # the least ready: an unplaced one first
+        if pod.ready_s == math.inf:
+            self.unplaced.remove(pod.created_s)
+            return  # never had a node: nothing to bill, nothing freed
         self.costs.warming_s += min(self.now, pod.ready_s) - pod.created_s
         self.costs.serving_s += max(0.0, self.now - pod.ready_s)
         self._free_slot()
@@ -179,6 +212,8 @@ class SimCluster:
 
     def warm_to(self, slots: int) -> None:
         while len(self.warm_ready) + len(self.warm_pending) < slots:
+            if not self.idle and self._nodes() >= self.model.nodes_allowed(self.now):
+                break  # a placeholder beyond the limit would stay Pending: it holds nothing
             if self._take_idle():
                 self.warm_ready.append(self.now)
             else:

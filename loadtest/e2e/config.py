@@ -50,14 +50,19 @@ class E2EConfig:
         """The same policy compressed, as the controller's config section."""
         return compress(self.spec(), self.factor)
 
-    def sim_config(self, *, node_idle_extra_s: float = 0.0) -> SimConfig:
+    def sim_config(self, *, node_idle_extra_s: float = 0.0, limit_raised_at_s: float | None = None) -> SimConfig:
         """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
-        delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1)."""
+        delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1). The NodePool's
+        GPU limit in replicas (a replica is one GPU), raised 4x at `limit_raised_at_s` if given."""
+        replicas_allowed = self.gpu_limit  # one GPU per replica, on one-GPU nodes
+        limit = ((0.0, replicas_allowed),)
+        if limit_raised_at_s is not None:
+            limit += ((limit_raised_at_s, replicas_allowed * 4),)
         return SimConfig(
             tick_s=self.tick_s, slo_s=self.slo_s,
             cluster=ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
                                  node_provisioning_s=self.node_start_s, node_jitter_ratio=0.0,
-                                 node_idle_timeout_s=self.node_idle_s + node_idle_extra_s),
+                                 node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit),
             server=self.server,
         )
 

@@ -29,6 +29,7 @@ class Scenario:
     name: str
     config: dict = field(default_factory=dict)  # E2EConfig fields
     controllers: int = 1
+    gpu_limit_over_start: int | None = None  # the NodePool's GPU limit: the starting replicas plus this
     actions: tuple[tuple[float, str], ...] = ()  # (scenario time at factor 1, action)
     check: Callable[[dict], list[dict]] = checks.none
 
@@ -38,7 +39,8 @@ SCENARIOS = {
     "doubling": Scenario("doubling", config={"policy": {"warm_growth_min_ratio": 1.0}}, check=checks.doubling),
     "short-burst": Scenario("short-burst", check=checks.short_burst),
     "diurnal-down": Scenario("diurnal-down", check=checks.diurnal_down),
-    "no-capacity": Scenario("no-capacity", config={"gpu_limit": 11}, actions=((35 * 60.0, "raise-gpu-limit"),),
+    # the NodePool's GPU limit fits the starting replicas and one more: the doubling cannot be placed
+    "no-capacity": Scenario("no-capacity", gpu_limit_over_start=1, actions=((35 * 60.0, "raise-gpu-limit"),),
                             check=checks.no_capacity),
     "controller-restart": Scenario("controller-restart", controllers=2,
                                    actions=((25 * 60.0, "kill-leader"), (27 * 60.0, "restart-killed")),
@@ -82,6 +84,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     sim_config = config.sim_config()
     needed = needed_replicas(workload, sim_config)
     initial = initial_replicas(needed, sim_config)
+    if scenario.gpu_limit_over_start is not None:
+        config = replace(config, gpu_limit=initial + scenario.gpu_limit_over_start)
     out.mkdir(parents=True, exist_ok=True)
     write_requests(out / "requests.jsonl", requests)
     timeline, notes, state = [], [], {}
@@ -117,6 +121,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     live["gpu_hours"] = cost["nodes"]
     live["gpu_hours_by_use"] = cost
     live["max_pending_replicas"] = max((r["model"]["pending"] + r["model"]["starting"] for r in timeline), default=0)
+    raised = next((t for t, action in scenario.actions if action == "raise-gpu-limit"), None)
+    sim_config = config.sim_config(limit_raised_at_s=raised)
     sim = run(PolicyRun("predictive", config.spec(), decide, initial_state()), workload, sim_config,
               initial_replicas=initial, keep_timeline=True)
     simulated = simulated_figures(sim)
