@@ -10,7 +10,7 @@ simulator's default per-token times. Times are at factor 1 (real time); a time-c
 - `doubling`: 20 min steady, then the rate doubles linearly within 5 min and stays (seed 000's drill), 60 min.
 - `short-burst`: steady, with one burst to 2x lasting 60 s (shorter than a pod's start-up), 40 min.
 - `diurnal-down`: 15 min at 2x, down to 1x linearly over 60 min, 15 min at 1x: 90 min.
-- `no-capacity`: 15 min steady, up to 2x within 5 min, held to minute 55 (the node pool's limit binds).
+- `no-capacity`: 25 min steady, up to 2x within 5 min, held to minute 65 (the node pool's limit binds).
 - `controller-restart`: 15 min steady, up to 2x over 20 min (the controller is killed mid-ramp), to 45 min.
 """
 
@@ -45,7 +45,7 @@ PROFILES: dict[str, Profile] = {
     "doubling": Profile(((0, 1.0), (20, 1.0), (25, 2.0), (60, 2.0))),
     "short-burst": Profile(((0, 1.0), (20, 1.0), (20.01, 2.0), (21, 2.0), (21.01, 1.0), (40, 1.0))),
     "diurnal-down": Profile(((0, 2.0), (15, 2.0), (75, 1.0), (90, 1.0))),
-    "no-capacity": Profile(((0, 1.0), (15, 1.0), (20, 2.0), (55, 2.0))),
+    "no-capacity": Profile(((0, 1.0), (25, 1.0), (30, 2.0), (65, 2.0))),
     "controller-restart": Profile(((0, 1.0), (15, 1.0), (35, 2.0), (45, 2.0))),
 }
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x

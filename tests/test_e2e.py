@@ -13,3 +13,25 @@ def test_doubling_drill_passes_and_the_simulator_predicts_it(tmp_path):
     failed = [c for c in doc["checks"] if not c["passed"]]
     assert not failed, json.dumps(failed, indent=1) + f"\n(run folder: {tmp_path})"
     assert (tmp_path / "doubling.png").stat().st_size > 10_000
+
+
+def _result(name: str, passed: bool) -> dict:
+    classes = {"critical": 1.0, "standard": 0.995, "sheddable": 0.9}
+    return {"scenario": name, "slo_attainment": classes, "shed_fraction": {"sheddable": 0.05},
+            "gpu_hours": 12.34, "lost_requests": 0, "passed": passed,
+            "simulated": {"slo_attainment": classes, "shed_fraction": {"sheddable": 0.04}, "gpu_hours": 11.0},
+            "checks": [{"check": "a", "passed": True, "detail": ""},
+                       {"check": "replicas do not chase", "passed": passed, "detail": ""}]}
+
+
+def test_the_table_is_made_from_the_results_on_disk_and_names_failed_checks(tmp_path, capsys):
+    from loadtest.e2e.__main__ import main
+
+    for name, passed in (("doubling", True), ("short-burst", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(_result(name, passed)))
+    assert main(["--scenario", "all", "--out", str(tmp_path), "--table-only"]) == 1
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["doubling", "short-burst"]
+    assert "99.500% (99.500%)" in rows[0] and "5.00% (4.00%)" in rows[0] and "12.3 (11.0)" in rows[0]
+    assert rows[0].endswith("2/2") and rows[1].endswith("1/2 (failed: replicas do not chase)")

@@ -28,20 +28,56 @@ def _summary(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _pair(live: float, sim: float, fmt: str, width: int) -> str:
+    return f"{live:{fmt}} ({sim:{fmt}})".rjust(width)
+
+
+def table(docs: list[dict]) -> str:
+    """One row per scenario: live figures with the simulator's beside them, and the checks passed."""
+    head = (f"{'scenario':<19}{'critical (sim)':>20}{'standard (sim)':>20}{'sheddable shed (sim)':>22}"
+            f"{'GPU-h (sim)':>16}{'lost':>6}  checks")
+    rows = [head, "-" * len(head)]
+    for d in docs:
+        a, sa = d["slo_attainment"], d["simulated"]["slo_attainment"]
+        shed, sshed = d["shed_fraction"], d["simulated"]["shed_fraction"]
+        passed = sum(c["passed"] for c in d["checks"])
+        failed = [c["check"] for c in d["checks"] if not c["passed"]]
+        rows.append(
+            f"{d['scenario']:<19}"
+            + _pair(a.get("critical", 0), sa.get("critical", 0), ".3%", 20)
+            + _pair(a.get("standard", 0), sa.get("standard", 0), ".3%", 20)
+            + _pair(shed.get("sheddable", 0), sshed.get("sheddable", 0), ".2%", 22)
+            + _pair(d["gpu_hours"], d["simulated"]["gpu_hours"], ".1f", 16)
+            + f"{d['lost_requests']:>6}  {passed}/{len(d['checks'])}"
+            + (f" (failed: {'; '.join(failed)})" if failed else ""))
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.e2e", description=__doc__.splitlines()[2])
     p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS) + ["all"])
     p.add_argument("--factor", type=float, default=10.0, help="time compression (1 = real time)")
     p.add_argument("--out", type=Path, default=Path("e2e-out"))
     p.add_argument("--json", action="store_true", help="print one JSON document (a list for `all`)")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: print the table of the result.json files already in --out")
     args = p.parse_args(argv)
     names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
     docs = []
     for name in names:
+        if args.table_only:
+            path = args.out / name / "result.json"
+            if path.exists():
+                docs.append(json.loads(path.read_text()))
+            continue
         doc = run_scenario(name, factor=args.factor, out=args.out / name)
         docs.append(doc)
         if not args.json:
             print(_summary(doc), flush=True)
+    if args.table_only or (len(docs) > 1 and not args.json):
+        print(table(docs))
+        if args.table_only:
+            return 0 if docs and all(d["passed"] for d in docs) else 1
     if args.json:
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     return 0 if all(d["passed"] for d in docs) else 1

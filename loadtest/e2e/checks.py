@@ -118,16 +118,16 @@ def diurnal_down(context: dict) -> list[dict]:
 
 def no_capacity(context: dict) -> list[dict]:
     doc, timeline, records = context["doc"], context["timeline"], context["records"]
-    limited = [r for r in timeline if 20 * 60 <= r["t_s"] < 35 * 60]
+    limited = [r for r in timeline if 30 * 60 <= r["t_s"] < 45 * 60]
     pending = max((r["model"]["pending"] for r in limited), default=0)
     seen = max((r["unschedulable"] or 0 for r in limited), default=0)
     decisions = [d for log in context["logs"].values() for d in _decisions(log)]
     said = any(any("capacity" in reason and "cannot" in reason for reason in d.get("reasons", [])) for d in decisions)
     ours = [e for e in context["events"] if e.get("reportingComponent") == "inference-autoscaler"
             and e.get("reason") == "CapacityUnavailable"]
-    shed = _shed(_window(records, "sheddable", 20 * 60, 35 * 60))
-    recovered = [r for r in timeline if r["t_s"] >= 45 * 60]
-    late = _window(records, "critical", 45 * 60, 55 * 60)
+    shed = _shed(_window(records, "sheddable", 30 * 60, 45 * 60))
+    recovered = [r for r in timeline if r["t_s"] >= 55 * 60]
+    late = _window(records, "critical", 55 * 60, 65 * 60)
     late_ok = sum(1 for r in late if r["status"] == 200 and r["queue_s"] <= context["config"].slo_s) / max(1, len(late))
     return [
         _check("pods stay Pending at the GPU limit", pending > 0, f"up to {pending} model pods Pending"),
@@ -137,7 +137,7 @@ def no_capacity(context: dict) -> list[dict]:
         _check("sheds instead of waiting", shed > 0, f"{shed:.2%} of sheddable shed while capped"),
         _check("recovers when the limit is raised",
                bool(recovered) and all(r["model"]["pending"] == 0 for r in recovered[-5:]) and late_ok >= CRITICAL,
-               f"critical {late_ok:.3%} within the SLO in minutes 45-55; pending at the end "
+               f"critical {late_ok:.3%} within the SLO in minutes 55-65; pending at the end "
                f"{recovered[-1]['model']['pending'] if recovered else '?'}"),
     ]
 

@@ -50,14 +50,13 @@ class E2EConfig:
         """The same policy compressed, as the controller's config section."""
         return compress(self.spec(), self.factor)
 
-    def sim_config(self, *, node_idle_extra_s: float = 0.0, limit_raised_at_s: float | None = None) -> SimConfig:
+    def sim_config(self, *, node_idle_extra_s: float = 0.0,
+                   gpu_limits: tuple[tuple[float, int], ...] = ()) -> SimConfig:
         """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
         delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1). The NodePool's
-        GPU limit in replicas (a replica is one GPU), raised 4x at `limit_raised_at_s` if given."""
-        replicas_allowed = self.gpu_limit  # one GPU per replica, on one-GPU nodes
-        limit = ((0.0, replicas_allowed),)
-        if limit_raised_at_s is not None:
-            limit += ((limit_raised_at_s, replicas_allowed * 4),)
+        GPU limit in nodes (one GPU per replica, on one-GPU nodes): `gpu_limit` from the start, then each
+        (scenario time, GPUs) of `gpu_limits` from its time on."""
+        limit = ((0.0, self.gpu_limit),) + tuple(gpu_limits)
         return SimConfig(
             tick_s=self.tick_s, slo_s=self.slo_s,
             cluster=ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,

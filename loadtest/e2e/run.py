@@ -29,7 +29,9 @@ class Scenario:
     name: str
     config: dict = field(default_factory=dict)  # E2EConfig fields
     controllers: int = 1
-    gpu_limit_over_start: int | None = None  # the NodePool's GPU limit: the starting replicas plus this
+    # The NodePool's GPU limit: the starting replicas plus one; at `limit_steady_at_s` lowered to the steady
+    # fleet (the simulated policy's replicas then) plus one, so growth beyond it cannot be placed.
+    limit_steady_at_s: float | None = None
     actions: tuple[tuple[float, str], ...] = ()  # (scenario time at factor 1, action)
     check: Callable[[dict], list[dict]] = checks.none
 
@@ -39,8 +41,9 @@ SCENARIOS = {
     "doubling": Scenario("doubling", config={"policy": {"warm_growth_min_ratio": 1.0}}, check=checks.doubling),
     "short-burst": Scenario("short-burst", check=checks.short_burst),
     "diurnal-down": Scenario("diurnal-down", check=checks.diurnal_down),
-    # the NodePool's GPU limit fits the starting replicas and one more: the doubling cannot be placed
-    "no-capacity": Scenario("no-capacity", gpu_limit_over_start=1, actions=((35 * 60.0, "raise-gpu-limit"),),
+    # the NodePool's GPU limit is lowered to the steady fleet and one more: the doubling cannot be placed
+    "no-capacity": Scenario("no-capacity", limit_steady_at_s=12 * 60.0,
+                            actions=((12 * 60.0, "lower-gpu-limit"), (45 * 60.0, "raise-gpu-limit")),
                             check=checks.no_capacity),
     "controller-restart": Scenario("controller-restart", controllers=2,
                                    actions=((25 * 60.0, "kill-leader"), (27 * 60.0, "restart-killed")),
@@ -58,9 +61,10 @@ def requests_of(name: str, config: E2EConfig):
 
 
 def _act(st: Stack, action: str, state: dict) -> str:
-    if action == "raise-gpu-limit":
-        st.karpenter.set_gpu_limit(st.config.gpu_limit * 4)
-        return f"NodePool GPU limit raised to {st.config.gpu_limit * 4}"
+    if action in ("lower-gpu-limit", "raise-gpu-limit"):
+        gpus = state["limits"][action]
+        st.karpenter.set_gpu_limit(gpus)
+        return f"NodePool GPU limit set to {gpus}"
     if action == "kill-leader":
         leader = st.leader()
         if leader is None:
@@ -77,6 +81,11 @@ def _act(st: Stack, action: str, state: dict) -> str:
     raise ValueError(f"unknown action {action!r}")
 
 
+def _simulate(config: E2EConfig, workload, initial: int, sim_config):
+    return run(PolicyRun("predictive", config.spec(), decide, initial_state()), workload, sim_config,
+               initial_replicas=initial, keep_timeline=True)
+
+
 def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     scenario = SCENARIOS[name]
     config = replace(E2EConfig(factor=factor), **scenario.config)
@@ -84,11 +93,17 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     sim_config = config.sim_config()
     needed = needed_replicas(workload, sim_config)
     initial = initial_replicas(needed, sim_config)
-    if scenario.gpu_limit_over_start is not None:
-        config = replace(config, gpu_limit=initial + scenario.gpu_limit_over_start)
+    timeline, notes, state = [], [], {}
+    gpu_limits: tuple[tuple[float, int], ...] = ()
+    if scenario.limit_steady_at_s is not None:
+        config = replace(config, gpu_limit=initial + 1)
+        steady = _simulate(config, workload, initial, config.sim_config())
+        at = scenario.limit_steady_at_s
+        lowered = int(next(r["replicas"] for r in steady.timeline if r["t_s"] >= at)) + 1
+        state["limits"] = {"lower-gpu-limit": lowered, "raise-gpu-limit": 4 * config.gpu_limit}
+        gpu_limits = tuple((t, state["limits"][a]) for t, a in scenario.actions if a in state["limits"])
     out.mkdir(parents=True, exist_ok=True)
     write_requests(out / "requests.jsonl", requests)
-    timeline, notes, state = [], [], {}
     with stack(config, out / "work", initial_replicas=initial, controllers=scenario.controllers) as st:
         start_at = time.time() + 2.0
         st.started = start_at
@@ -121,10 +136,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     live["gpu_hours"] = cost["nodes"]
     live["gpu_hours_by_use"] = cost
     live["max_pending_replicas"] = max((r["model"]["pending"] + r["model"]["starting"] for r in timeline), default=0)
-    raised = next((t for t, action in scenario.actions if action == "raise-gpu-limit"), None)
-    sim_config = config.sim_config(limit_raised_at_s=raised)
-    sim = run(PolicyRun("predictive", config.spec(), decide, initial_state()), workload, sim_config,
-              initial_replicas=initial, keep_timeline=True)
+    sim = _simulate(config, workload, initial, config.sim_config(gpu_limits=gpu_limits))
     simulated = simulated_figures(sim)
     doc = {
         "scenario": name, "factor": factor, "initial_replicas": initial, "requests": live["requests"],
