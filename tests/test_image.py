@@ -30,8 +30,8 @@ def image():
 
 
 def podman(*args, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONTAINERS_CONF": str(Path.home() / ".cache" / "inference-autoscaler" / "podman" /
-                                                  "containers.conf")}
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")  # as build.sh writes it
+    env = {**os.environ, "CONTAINERS_CONF": str(cache / "inference-autoscaler" / "podman" / "containers.conf")}
     return subprocess.run(["podman", *args], env=env, capture_output=True, text=True, **kw)
 
 
