@@ -80,6 +80,15 @@ class ManualClock:
         for _ in range(100):  # let woken tasks run up to their next wait on the clock
             await asyncio.sleep(0)
 
+    async def asleep(self, sleepers: int = 1, timeout_s: float = 10.0) -> None:
+        """Wait, in real time, until `sleepers` tasks wait on the clock: work a woken task does outside the
+        event loop (a thread, e.g. the loop's `decide`) finishes in real time, not in `advance`'s settling."""
+        deadline = time.monotonic() + timeout_s
+        while sum(1 for _, _, f in self._sleepers if not f.done()) < sleepers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {sleepers} tasks asleep on the clock after {timeout_s} s")
+            await asyncio.sleep(0.001)
+
     async def advance(self, seconds: float) -> None:
         """Move time forward by `seconds`, waking each sleeper at its own deadline."""
         target = self.t + seconds

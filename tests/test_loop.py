@@ -157,11 +157,14 @@ def test_run_ticks_once_per_period_until_stopped():
         stop = asyncio.Event()
         task = asyncio.create_task(c.run(stop))
         await c.clock.advance(0.0)
+        await c.clock.asleep()  # the first tick's decide (a thread) is done and the loop waits again
         seen = [count()]
         for _ in range(3):
             await c.clock.advance(7.0)  # mid-period: no tick
+            await c.clock.asleep()
             seen.append(count())
             await c.clock.advance(8.0)  # the period is over: one tick
+            await c.clock.asleep()
             seen.append(count())
         stop.set()
         await asyncio.wait_for(task, 2)  # stop ends the wait at once
