@@ -110,7 +110,9 @@ def test_forecast_moves_from_level_to_holt_to_holt_winters():
     spec = PolicySpec(season_s=3600.0, forecast_bucket_s=300.0, refit_interval_s=3600.0)
     fs, _ = _feed(spec, [10.0] * 20 * 3)  # 3 buckets
     assert fs.kind == "level"
-    fs, _ = _feed(spec, [10.0] * 20 * 7)
+    fs, _ = _feed(spec, [10.0] * 20 * 11)
+    assert fs.kind == "level"  # too few buckets for five parameters
+    fs, _ = _feed(spec, [10.0] * 20 * 13)
     assert fs.kind == "holt"
     fs, _ = _feed(spec, [10.0] * 20 * 12 * 2 + [10.0] * 20)
     assert fs.kind == "holt-winters"
@@ -164,12 +166,26 @@ def test_a_start_up_ramp_is_not_a_trend_and_the_forecast_follows_a_decline():
     spec = PolicySpec(forecast_bucket_s=300.0)
     t = np.arange(0, 30 * 60, 15.0)
     ramp_in = np.minimum(1.0, t / 60.0) * 50.0  # the rate window filling up
-    t2 = np.arange(30 * 60, 90 * 60, 15.0)
-    decline = 50.0 - 25.0 * (t2 - 30 * 60) / 3600.0  # then halving over an hour
+    t2 = np.arange(30 * 60, 120 * 60, 15.0)
+    decline = np.maximum(25.0, 50.0 - 25.0 * (t2 - 30 * 60) / 3600.0)  # then halving over an hour
     fs, now = _feed(spec, np.concatenate([ramp_in, decline]), start=7.0)
-    assert fs.alpha >= 0.1 and fs.fitted_buckets > 6  # refitted as the history grew
+    assert fs.alpha >= 0.1 and fs.fitted_buckets > fc._HOLT_MIN_BUCKETS  # refitted as the history grew
     mean, _ = fc.forecast(spec, fs, now=now, start_s=60.0, end_s=60.0)
     assert mean < 32.0  # demand is at 25 and falling: not the 50+ a frozen rising line would say
+
+
+def test_a_step_is_not_extrapolated_as_a_trend():
+    """Seen live in the doubling drill: bucket means of a step from 25 to 50 req/s. Fitted on those 6
+    buckets, Holt's best was alpha = beta = 1 (the last difference, +16 a bucket, taken as the trend) and
+    the forecast two buckets on was 90 req/s; the controller ordered 20 replicas for 11 replicas' demand.
+    However much flat history follows the step, the forecast stays near the new level."""
+    spec = PolicySpec(forecast_bucket_s=300.0)
+    buckets = [23.8, 26.9, 26.2, 27.8, 38.3, 54.7] + [51.3, 54.1, 54.0, 52.6, 51.7, 54.6, 53.7, 52.9]
+    for n in range(6, len(buckets) + 1):
+        fs, now = _feed(spec, np.repeat(buckets[:n], 20), start=0.0)
+        fs = fc.observe(spec, fs, buckets[n - 1], now)  # closes the last bucket
+        mean, _ = fc.forecast(spec, fs, now=now, start_s=0.0, end_s=600.0)
+        assert mean <= 1.25 * 54.7, (n, fs.kind, mean)
 
 
 def test_upper_bound_tracks_on_off_bursts_without_multiplying_them():

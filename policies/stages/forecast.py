@@ -2,8 +2,8 @@
 
 History is kept as `forecast_bucket_s` means (5 min by default). The model depends on how much history
 exists:
-- fewer than 6 buckets: `level`, an exponentially weighted mean (no fit);
-- from 6 buckets: `holt`, statsmodels ExponentialSmoothing with a damped additive trend;
+- fewer than 12 buckets: `level`, an exponentially weighted mean (no fit);
+- from 12 buckets (an hour at the default width): `holt`, statsmodels ExponentialSmoothing with a damped additive trend;
 - from `seasonal_min_cycles` seasons: `holt-winters`, the same plus additive seasonality (daily).
 statsmodels refits every `refit_interval_s` (and when the model kind changes); each closed bucket in
 between runs one step of the Holt-Winters recursion with the fitted parameters, which is exactly how the
@@ -39,13 +39,18 @@ import numpy as np
 from policies.spec import PolicySpec
 from policies.types import ForecastState
 
-_HOLT_MIN_BUCKETS = 6
+# A damped Holt fit estimates five numbers (initial level and trend, their two smoothing weights, the
+# damping). On six buckets it fits the noise: seen live, a step from 25 to 50 req/s read as a trend of
+# +18 a bucket (alpha = beta = 1) and the forecast said 108 req/s two buckets on. At least twice as many
+# buckets as parameters, rounded to an hour of default buckets; before that the level model and the
+# per-tick climb detector carry the forecast.
+_HOLT_MIN_BUCKETS = 12
 # Smoothing parameters are kept where the model still learns: on a few buckets statsmodels' best fit is
 # often alpha ~ 0, a straight line through them that no later bucket moves (a start-up ramp then reads as a
 # trend that holds for the whole refit interval). The level takes at least 10 % of each bucket's error;
 # the trend is damped at least 2 % a bucket.
 _BOUNDS = {"smoothing_level": (0.1, 1.0), "damping_trend": (0.8, 0.98)}
-# While the history is short, refit whenever it has grown by half since the last fit (6, 9, 14, 21, ...
+# While the history is short, refit whenever it has grown by half since the last fit (12, 18, 27, 41, ...
 # buckets), not only every `refit_interval_s`: the first fits are on very little data.
 _REFIT_GROWTH = 1.5
 _OUTAGE_RATIO = 0.05
