@@ -27,7 +27,7 @@ from policies.stages.growth import growth_risk
 from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import blocks_scale_down, present, sanitize
-from policies.stages.shedding import saturation_depths, shed_levels
+from policies.stages.shedding import protected_share, saturation_depths, shed_levels
 from policies.stages.warmpool import warm_slots
 from policies.types import Decision, PolicyState, Signals
 
@@ -102,7 +102,11 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     window = confirm_window_s(spec, startup, climbing=rising is not None)
     recent = remember_reactive(state.reactive_recent, reactive_n, now, keep_s=max(window, startup, spec.tick_s))
 
-    quantiles = fc.envelope(spec, forecast_state)
+    quantiles, why = fc.recurring_only(forecast_state, fc.envelope(spec, forecast_state),
+                                       gap_ticks=max(1, math.ceil(startup / spec.tick_s)),
+                                       protected_share=protected_share(spec, clean.arrival_rate_by_priority),
+                                       climbing=rising is not None)
+    reasons += [why] if why else []
     predicted = fc.forecast(spec, forecast_state, now=now, start_s=lead, end_s=lead + spec.tick_s,
                             quantiles=quantiles)
     predictive_n = None

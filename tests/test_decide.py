@@ -166,3 +166,33 @@ def test_unplaceable_replicas_keep_no_warm_slots_and_shed_by_priority(spec):
     assert d.unplaceable_replicas == 5 and d.warm_slots == 0
     assert any(r.startswith("capacity: 5 replicas cannot get a node (karpenter: exceed limits)") for r in d.reasons)
     assert d.shed["sheddable"] > 0  # 60 req/s against what 5 ready replicas serve
+
+
+def test_one_burst_is_sized_for_its_protected_classes_and_a_second_in_full(spec):
+    """A 60-s burst to 2.5x, shorter than a start-up: capacity ordered at its first tick would land after
+    it, so the envelope covers what shedding cannot absorb (critical and standard, 70 % of it) until a
+    second burst shows they recur; then it covers the bursts whole."""
+    from policies.engine import replicas_for_rate
+
+    mix = {"critical": 0.2, "standard": 0.5, "sheddable": 0.3}
+    state, replicas, now = initial_state(), 6, 0.0
+
+    def tick(rate):
+        nonlocal state, replicas, now
+        by = {k: v * rate for k, v in mix.items()}
+        d, state = decide(spec, state, signals(now, rate=rate, service=1.0, spec_replicas=replicas,
+                                               by_priority=by), now)
+        replicas, now = d.replicas, now + 15.0
+        return d
+
+    for _ in range(40):
+        tick(40.0)
+    before = replicas
+    first = [tick(100.0) for _ in range(4)] + [tick(40.0) for _ in range(20)]
+    full = replicas_for_rate(spec, 100.0, 1.0)
+    assert max(d.replicas for d in first) <= replicas_for_rate(spec, 70.0, 1.0) < full
+    assert max(d.replicas for d in first) > before  # its protected part is still provisioned
+    assert any("not yet a pattern" in r for d in first for r in d.reasons)
+    second = [tick(100.0) for _ in range(4)] + [tick(40.0) for _ in range(4)]
+    assert max(d.replicas for d in second) >= full
+    assert not any("not yet a pattern" in r for r in second[-1].reasons)

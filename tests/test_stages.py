@@ -378,3 +378,23 @@ def test_replicas_that_cannot_get_a_node_are_named_and_the_warm_pool_yields():
                            at_s=0.0)
     count, reasons = unplaceable(spec, overdue)
     assert count == 3 and "waiting for a node for 1000 s" in reasons[0]
+
+
+def test_burst_episodes_closer_than_a_start_up_are_one():
+    rates = (10.0,) * 5 + (50.0, 50.0, 12.0, 50.0) + (10.0,) * 10 + (50.0,) + (10.0,) * 3
+    assert fc.episodes(rates, 30.0, gap_ticks=8) == [4, 1]  # the dip of one tick does not split the first
+    assert fc.episodes(rates, 30.0, gap_ticks=11) == [15]
+    assert fc.episodes(rates, 60.0, gap_ticks=1) == []
+
+
+def test_a_single_burst_envelope_is_cut_to_the_protected_share_and_nothing_without_classes():
+    spec = PolicySpec()
+    fs, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10)
+    quantiles = fc.envelope(spec, fs)
+    cut, why = fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.7, climbing=False)
+    assert quantiles[1] == 100.0 and cut[1] == pytest.approx(70.0) and "not yet a pattern" in why
+    assert fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=1.0, climbing=False) == (quantiles, None)
+    assert fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.7, climbing=True) == (quantiles, None)
+    assert fc.recurring_only(fs, quantiles, gap_ticks=4, protected_share=0.7, climbing=False) == (quantiles, None)
+    fs, _ = _feed(spec, [40.0] * 30 + ([100.0] * 4 + [40.0] * 10) * 2)
+    assert fc.recurring_only(fs, fc.envelope(spec, fs), gap_ticks=8, protected_share=0.7, climbing=False)[1] is None

@@ -20,6 +20,13 @@ The upper bound is the smaller of two envelopes over the last `burst_lookback_s`
 Both are upper bounds of the same quantity under different burst models; the tighter one is used, and the
 SLO feedback stage corrects what both miss.
 
+A burst seen once is not yet a pattern: while the recent rates above the forecast come from a single
+episode (runs closer than a start-up count as one) that lasted less than a start-up, and demand is not
+climbing, the absolute envelope covers only the burst's protected share (the classes that are never
+shed); queueing and shedding absorb the rest, as they must anyway for a burst shorter than a start-up
+(capacity ordered at its first tick lands after it). A second episode within `burst_lookback_s` shows the
+bursts recur, and the envelope covers them in full; so it does for a rise that holds for a start-up.
+
 Outages: arrivals that fall to under 5 % of what the model expects, when the model expects at least 20
 requests in the tick (under Poisson, practically impossible) and such drops are rare in the recent ratios
 (under 1 %: on/off traffic, where silent ticks are routine, never qualifies), look like an ingress outage,
@@ -281,3 +288,40 @@ def forecast(
         return peak, proportional
     absolute = recent * max(peak / now_point, 0.0)
     return peak, max(peak, min(proportional, absolute))
+
+
+def episodes(rates: tuple[float, ...], threshold: float, gap_ticks: int) -> list[int]:
+    """The lengths in ticks (first to last tick at or above `threshold`) of the separate runs of per-tick
+    rates at or above it; runs fewer than `gap_ticks` ticks apart are one episode."""
+    spans: list[int] = []
+    below = gap_ticks
+    for r in rates:
+        if r >= threshold:
+            if below >= gap_ticks:
+                spans.append(1)
+            else:
+                spans[-1] += below + 1
+            below = 0
+        else:
+            below += 1
+    return spans
+
+
+def recurring_only(
+    fs: ForecastState, quantiles: tuple[float | None, float | None], *, gap_ticks: int, protected_share: float,
+    climbing: bool,
+) -> tuple[tuple[float | None, float | None], str | None]:
+    """The envelope's quantiles with a one-off burst cut to its protected share (see the module docstring):
+    one episode in the window, shorter than a start-up (`gap_ticks`), while demand is not climbing (a
+    climb and a level that holds for a start-up are demand, not bursts). A burst counts from halfway
+    between the point forecast and the rate quantile."""
+    ratio, recent = quantiles
+    base = point(fs, 1)
+    if climbing or recent is None or base <= 0 or recent <= base or protected_share >= 1.0:
+        return quantiles, None
+    spans = episodes(fs.rates, base + 0.5 * (recent - base), gap_ticks)
+    if len(spans) != 1 or spans[0] >= gap_ticks:
+        return quantiles, None
+    cut = max(base, recent * protected_share)
+    return (ratio, cut), (f"forecast: one burst to {recent:.1f} req/s in the window, not yet a pattern: "
+                          f"sized for its protected {protected_share:.0%} ({cut:.1f} req/s) until one recurs")

@@ -19,6 +19,8 @@ requests, standard at ~1463.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from policies.queueing import rate_within_slo
 from policies.spec import PolicySpec
 from policies.types import Clean
@@ -36,6 +38,16 @@ def saturation_depths(spec: PolicySpec, ready_replicas: int, service_s: float) -
         ratio = spec.saturation_wait_ratio + (spec.saturation_wait_max_ratio - spec.saturation_wait_ratio) * step
         depths[name] = max(1, int(slots * ratio * spec.slo_queue_wait_s / service_s))
     return depths
+
+
+def protected_share(spec: PolicySpec, rates: Mapping[str, float]) -> float:
+    """The share of arrivals in classes that are never shed (1.0 without per-class rates)."""
+    total = sum(rates.values())
+    if total <= 0:
+        return 1.0
+    kept = sum(v for name, v in rates.items() if spec.priorities.get(name, spec.shed_priority_below)
+               >= spec.shed_priority_below)
+    return kept / total
 
 
 def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[str, float], list[str]]:
