@@ -1,11 +1,14 @@
 """The replay benchmark: every policy on the same workload and the same simulated cluster, one process.
 
-    python -m loadtest.bench --trace PATH [--scale K] [--json]
+    python -m loadtest.bench --trace PATH [--scale K] [--gpus-per-replica N --gpus-per-node M]
+                             [--gpu-hour-price P] [--json]
 
 Prints per policy: SLO attainment per priority class, p99 queue wait, GPU-hours (serving + warming + warm
-pool + idle nodes), GPU-hours / clairvoyant, shed fraction of sheddable requests, scaling actions, and the
-replay's wall time; then the predictive policy's decide() time (median, and median excluding ticks with a
-scheduled statsmodels refit) and whether it met the targets.
+pool + idle nodes), GPU-hours / clairvoyant, node GPU-hours (every GPU of every node while it exists, idle
+ones on partly used nodes and the M mod N no replica fits in included) and their cost at P per GPU-hour,
+shed fraction of sheddable requests, scaling actions, and the replay's wall time; then the predictive
+policy's decide() time (median, and median excluding ticks with a scheduled statsmodels refit) and whether
+it met the targets. Every policy runs on the same simulated cluster of N-GPU replicas on M-GPU nodes.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def targets(classes: tuple[str, ...], sheddable: tuple[str, ...]) -> dict[str, f
 def floor_gpu_hours(workload, config: SimConfig) -> float:
     """A lower bound on GPU-hours: every tick's demand served at the SLO (the Erlang C slots its arrival
     rate needs at its mean service time), with no start-up, provisioning or rounding waste: fractional
-    replicas, ready the instant they are needed. What perfect, instant scaling would cost."""
+    replicas, ready the instant they are needed, of `gpus_per_replica` GPUs each. What perfect, instant
+    scaling would cost (in replica GPU-hours: no node is ever partly used)."""
     n = ticks(workload, config.tick_s)
     k = config.server.concurrency
     if isinstance(workload, RequestWorkload):
@@ -70,15 +74,16 @@ def floor_gpu_hours(workload, config: SimConfig) -> float:
             cache[key] = servers_for(rate_per_s=key[0], service_s=key[1], wait_s=config.slo_s,
                                      miss_ratio=config.miss_ratio)
         slots += cache[key]
-    return slots / k * config.tick_s / 3600.0
+    return slots / k * config.tick_s / 3600.0 * config.cluster.gpus_per_replica
 
 
 def _percentile(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 1) if values else None
 
 
-def figures(result: RunResult, clairvoyant_gpu_hours: float | None) -> dict:
-    gpu = result.costs.total_gpu_hours
+def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_price: float = 1.0) -> dict:
+    costs = result.costs
+    gpu = costs.total_gpu_hours
     return {
         "policy": result.policy,
         "slo_attainment": {c: round(v, 5) for c, v in result.outcome["slo_attainment"].items()},
@@ -88,7 +93,10 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None) -> dict:
         "shed_fraction": round(result.outcome["shed_fraction"], 5),
         "shed_by_class": {c: round(v, 5) for c, v in result.outcome["shed_by_class"].items()},
         "shed_time_s": result.outcome["shed_time_s"],
-        "warm_pool_gpu_hours": round(result.costs.warm_pool_s / 3600.0, 3),
+        "warm_pool_gpu_hours": round(costs.warm_pool_s * costs.gpus_per_replica / 3600.0, 3),
+        "node_hours": round(costs.node_hours, 3),
+        "node_gpu_hours": round(costs.node_gpu_hours, 3),
+        "cost": round(costs.node_gpu_hours * gpu_hour_price, 3),
         "time_to_capacity_s": {"p50": _percentile(result.capacity_lags_s, 50),
                                "p95": _percentile(result.capacity_lags_s, 95)},
         "scaling_actions": result.scaling_actions,
@@ -130,16 +138,29 @@ def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ..
     return lines
 
 
-def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]) -> str:
+def shape(cluster: ClusterModel, gpu_hour_price: float) -> str:
+    """The cluster's shape and the price, e.g. "4-GPU replicas on 8-GPU nodes (2 per node); cost = node
+    GPU-hours x 1 per GPU-hour"."""
+    k = cluster.replicas_per_node
+    unusable = cluster.gpus_per_node - k * cluster.gpus_per_replica
+    left = f", {unusable} GPUs of each unusable" if unusable else ""
+    return (f"{cluster.gpus_per_replica}-GPU replicas on {cluster.gpus_per_node}-GPU nodes ({k} per node{left}); "
+            f"cost = node GPU-hours x {gpu_hour_price:g} per GPU-hour")
+
+
+def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...], *,
+          cluster: ClusterModel | None = None, gpu_hour_price: float = 1.0) -> str:
     """One row per policy: attainment per class (highest first), p99 wait, GPU-hours (and the warm pool's
-    share of them), shed share and shedding time of the sheddable classes, time to capacity (order ->
-    Ready of each replica added, median / 95th percentile), scaling actions, wall time."""
+    share of them), node GPU-hours and their cost, shed share and shedding time of the sheddable classes,
+    time to capacity (order -> Ready of each replica added, median / 95th percentile), scaling actions, wall
+    time. The first line names the cluster's shape and the price."""
     names = [ABBREVIATIONS.get(c, c[:6]) + " SLO" for c in classes]
     head = (
         f"{'policy':<18} " + " ".join(f"{n:>9}" for n in names) + f" {'p99 wait':>9} {'GPU-h':>9} "
-        f"{'x clairv':>9} {'warm':>6} {'shed':>7} {'shed s':>7} {'TTC p50/p95 s':>14} {'actions':>8} {'wall s':>7}"
+        f"{'x clairv':>9} {'warm':>6} {'node GPU-h':>10} {'cost':>9} {'shed':>7} {'shed s':>7} {'TTC p50/p95 s':>14} "
+        f"{'actions':>8} {'wall s':>7}"
     )
-    lines = [head, "-" * len(head)]
+    lines = [shape(cluster or ClusterModel(), gpu_hour_price), head, "-" * len(head)]
     for r in rows:
         a = r["slo_attainment"]
         ratio = f"{r['gpu_hours_vs_clairvoyant']:.3f}" if r["gpu_hours_vs_clairvoyant"] is not None else "-"
@@ -152,7 +173,8 @@ def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]
         lines.append(
             f"{r['policy']:<18} {cells} "
             f"{r['p99_queue_wait_s']:>8.2f}s {r['gpu_hours']:>9.2f} {ratio:>9} {warm:>6.1%} "
-            f"{shed:>7.2%} {shed_s:>7.0f} {ttc_text:>14} {r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
+            f"{r['node_gpu_hours']:>10.2f} {r['cost']:>9.2f} {shed:>7.2%} {shed_s:>7.0f} {ttc_text:>14} "
+            f"{r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
         )
     return "\n".join(lines)
 
@@ -185,6 +207,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--startup-s", type=float, default=120.0, help="pod creation -> Ready (mean, jittered)")
     p.add_argument("--node-provisioning-s", type=float, default=300.0)
     p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once")
+    p.add_argument("--gpus-per-replica", type=int, default=1,
+                   help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs")
+    p.add_argument("--gpus-per-node", type=int, default=1,
+                   help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas")
+    p.add_argument("--gpu-hour-price", type=float, default=1.0,
+                   help="price of one GPU-hour of the node type: cost = node GPU-hours x this")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
                    help="shares of the policy's priority classes, highest first (critical,standard,sheddable)")
     p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals")
@@ -215,6 +243,7 @@ class Setup:
     spec: object
     classes: tuple[str, ...]
     sheddable: tuple[str, ...]
+    gpu_hour_price: float = 1.0
 
     def start(self, name: str) -> int:
         """Replicas a policy starts with: static runs its peak from the start, the others what the first
@@ -232,15 +261,17 @@ def prepare(args: argparse.Namespace) -> Setup:
     except ValueError:
         raise ConfigError(f"--priority-mix: expected {len(classes)} non-negative shares for {list(classes)} like "
                           f"0.2,0.5,0.3, got {args.priority_mix!r}") from None
+    if not args.gpu_hour_price >= 0:
+        raise ConfigError(f"--gpu-hour-price: expected a price >= 0, got {args.gpu_hour_price:g}")
+    try:
+        cluster = ClusterModel(startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s,
+                               gpus_per_replica=args.gpus_per_replica, gpus_per_node=args.gpus_per_node)
+    except ValueError as exc:
+        raise ConfigError(f"--gpus-per-replica {args.gpus_per_replica}, --gpus-per-node {args.gpus_per_node}: "
+                          f"{exc}") from None
     trace = scenarios.read(args.trace) if scenarios.is_scenario(args.trace) else read_trace(args.trace)
     server = ServerModel(concurrency=args.concurrency)
-    config = SimConfig(
-        tick_s=args.tick_s,
-        slo_s=args.slo_s,
-        arrival_seed=args.seed,
-        cluster=ClusterModel(startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s),
-        server=server,
-    )
+    config = SimConfig(tick_s=args.tick_s, slo_s=args.slo_s, arrival_seed=args.seed, cluster=cluster, server=server)
     workload = build(
         trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, classes=classes, priority_mix=mix,
                               server=server)
@@ -252,7 +283,8 @@ def prepare(args: argparse.Namespace) -> Setup:
     except ValidationError as exc:
         raise ConfigError(describe(exc, args.policy_config or "--policy-set")) from None
     sheddable = tuple(c for c in classes if spec.priorities[c] < spec.shed_priority_below)
-    return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable)
+    return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable,
+                 args.gpu_hour_price)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_timeline=args.timeline_dir is not None,
         )
     clairvoyant = results["clairvoyant"].costs.total_gpu_hours
-    rows = [figures(results[p.name], clairvoyant) for p in runs]
+    rows = [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs]
     floor = floor_gpu_hours(workload, config)
     for row in rows:
         row["gpu_hours_vs_floor"] = round(row["gpu_hours"] / floor, 3) if floor else None
@@ -305,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if setup.spec.max_replicas < needed.max():
         print(f"note: the policy's max_replicas ({setup.spec.max_replicas}) is below the trace's peak need "
               f"({needed.max()}); {int((needed > setup.spec.max_replicas).sum())} ticks need more")
-    print(table(rows, classes, sheddable))
+    print(table(rows, classes, sheddable, cluster=config.cluster, gpu_hour_price=setup.gpu_hour_price))
     if "predictive" in results:
         ours = results["predictive"]
         steady = [t for t, refit in zip(ours.decide_s, ours.refit) if not refit] or [0.0]

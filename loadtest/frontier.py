@@ -52,7 +52,7 @@ def _point(task: tuple[str, float | None]) -> dict:
                               knob=knob)
     start = int(knob) if name == "static" and knob is not None else setup.start(name)
     result = run(runner, setup.workload, setup.config, initial_replicas=start)
-    row = figures(result, None)
+    row = figures(result, None, gpu_hour_price=setup.gpu_hour_price)
     row["knob"] = policyset.KNOBS.get(name)
     row["value"] = knob
     return row

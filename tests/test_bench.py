@@ -96,3 +96,38 @@ def test_the_replica_bound_never_caps_a_trace():
 
     assert replica_bound(np.array([3, 40, 66])) == MIN_REPLICA_BOUND
     assert replica_bound(np.array([10, 403])) == 504  # 1.25 x the busiest tick
+
+
+def test_by_default_node_gpu_hours_and_cost_are_the_gpu_hours(rows):
+    for row in rows.values():
+        assert row["node_gpu_hours"] == row["node_hours"] == row["cost"] == row["gpu_hours"]
+
+
+def test_the_cluster_shape_and_price_give_node_gpu_hours_and_cost(capsys):
+    args = ["--trace", str(BUNDLED_TRACE), "--policies", "static", "--gpus-per-replica", "3", "--gpus-per-node", "8",
+            "--gpu-hour-price", "2.5"]
+    assert main(args + ["--json"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"static", "clairvoyant"}
+    for row in rows.values():
+        # 2 replicas of 3 GPUs per 8-GPU node: at least 8/6 of the replica GPU-hours, 8 GPUs per node-hour
+        assert row["node_gpu_hours"] >= 8 / 6 * row["gpu_hours"] - 0.01
+        assert row["node_gpu_hours"] == pytest.approx(8 * row["node_hours"], abs=0.01)
+        assert row["cost"] == pytest.approx(2.5 * row["node_gpu_hours"], abs=0.01)
+    assert rows["static"]["gpu_hours"] == pytest.approx(3 * 63.25)  # its 66 replicas for the hour, in GPUs
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "3-GPU replicas on 8-GPU nodes (2 per node, 2 GPUs of each unusable)" in out
+    assert "x 2.5 per GPU-hour" in out
+    header = next(line for line in out.splitlines() if line.startswith("policy"))
+    assert "node GPU-h" in header and "cost" in header
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--gpus-per-replica", "4", "--gpus-per-node", "2"], "gpus_per_replica = 4 is more than gpus_per_node = 2"),
+    (["--gpus-per-node", "0"], "gpus_per_node = 0"),
+    (["--gpu-hour-price", "-1"], "--gpu-hour-price"),
+])
+def test_an_impossible_shape_or_price_is_a_clear_error(flags, words, capsys):
+    assert main(["--policies", "static", *flags]) == 2
+    assert words in capsys.readouterr().err

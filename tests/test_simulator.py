@@ -295,3 +295,134 @@ def test_a_node_limit_leaves_replicas_pending_without_cost_until_it_is_raised():
     # 3 replicas placed at 0 (one on a new node), 1 placed at 1000: billed from 1000 only, not while Pending
     assert costs.serving_s + costs.warming_s == pytest.approx(3 * 2000.0 + 1000.0)
     assert cluster.capacity_lags_s[-1] == pytest.approx(1150.0)  # ordered at 0, Ready at 1150
+
+
+def _shape(gpus_per_replica: int, gpus_per_node: int, **kw) -> ClusterModel:
+    """No jitter: start-up 100 s, provisioning 300 s, empty nodes removed after 600 s."""
+    base = dict(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
+                node_idle_timeout_s=600.0, gpus_per_replica=gpus_per_replica, gpus_per_node=gpus_per_node)
+    return ClusterModel(**{**base, **kw})
+
+
+def test_two_4_gpu_replicas_share_one_8_gpu_node():
+    """The second replica takes the free slot of the node the first one's scale-up requested: one node,
+    both Ready at provisioning + start-up; 8 GPUs for 1000 s, where 4-GPU nodes cost two nodes."""
+    cluster = SimCluster.started(_shape(4, 8), replicas=0, now=0.0)
+    cluster.scale_to(2)
+    assert [p.ready_s for p in cluster.pods] == [400.0, 400.0]
+    assert len(cluster.nodes) == 1
+    cluster.advance(1000.0)
+    costs = cluster.finish()
+    assert costs.node_hours == pytest.approx(1000.0 / 3600.0)
+    assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)
+    assert costs.total_gpu_hours == pytest.approx(2 * 4 * 1000.0 / 3600.0)
+
+    apart = SimCluster.started(_shape(4, 4), replicas=0, now=0.0)
+    apart.scale_to(2)
+    apart.advance(1000.0)
+    assert apart.finish().node_gpu_hours == pytest.approx(2 * 4 * 1000.0 / 3600.0)
+
+
+def test_scale_down_empties_the_least_used_node_which_goes_after_the_idle_timeout():
+    """3 replicas on 2-slot nodes: 2 on node A, 1 on node B. Scaling to 2 at 100 s removes B's replica; B's
+    two slots are idle (observed as idle slots) until B is removed at 100 + 600 s."""
+    cluster = SimCluster.started(_shape(4, 8), replicas=3, now=0.0)
+    a, b = cluster.nodes
+    assert (len(a.pods), len(b.pods)) == (2, 1)
+    cluster.advance(100.0)
+    cluster.scale_to(2)
+    assert (len(a.pods), len(b.pods)) == (2, 0)
+    assert cluster.state().idle_slots == 2
+    cluster.advance(699.0)
+    assert len(cluster.nodes) == 2
+    cluster.advance(700.0)
+    assert cluster.nodes == [a] and cluster.state().idle_slots == 0
+    cluster.advance(1000.0)
+    costs = cluster.finish()
+    assert costs.node_s == pytest.approx(1000.0 + 700.0)
+    assert costs.idle_s == pytest.approx(2 * 600.0)  # B's two slots while B was empty
+    assert costs.spare_s == pytest.approx(100.0)  # B's free slot while its replica ran
+    assert costs.warming_s + costs.serving_s == pytest.approx(2 * 1000.0 + 100.0)
+
+
+def test_idle_gpus_of_a_partly_used_node_and_the_gpus_no_replica_fits_are_paid_for():
+    half = SimCluster.started(_shape(4, 8), replicas=1, now=0.0)
+    half.advance(1000.0)
+    costs = half.finish()
+    assert costs.total_gpu_hours == pytest.approx(4 * 1000.0 / 3600.0)
+    assert costs.spare_s == pytest.approx(1000.0)
+    assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)  # the other 4 GPUs idle, paid for
+
+    odd = SimCluster.started(_shape(3, 8), replicas=2, now=0.0)  # 2 per node, 2 GPUs of each left over
+    odd.advance(1000.0)
+    costs = odd.finish()
+    assert costs.total_gpu_hours == pytest.approx(6 * 1000.0 / 3600.0)
+    assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)
+
+    alone = SimCluster.started(_shape(6, 8), replicas=1, now=0.0)  # one per node: the slot model
+    assert not hasattr(alone, "nodes")
+    alone.advance(1000.0)
+    costs = alone.finish()
+    assert (costs.total_gpu_hours, costs.node_gpu_hours) == pytest.approx((6000.0 / 3600.0, 8000.0 / 3600.0))
+
+
+def test_a_new_replica_takes_a_free_slot_of_an_existing_node_after_start_up_only():
+    cluster = SimCluster.started(_shape(4, 8), replicas=1, now=0.0)
+    cluster.advance(50.0)
+    assert cluster.state().idle_slots == 1
+    cluster.scale_to(2)
+    assert cluster.pods[-1].ready_s == pytest.approx(150.0)  # no provisioning
+    assert len(cluster.nodes) == 1
+    cluster.scale_to(3)  # a new node: provisioning, then start-up
+    assert cluster.pods[-1].ready_s == pytest.approx(50.0 + 300.0 + 100.0)
+    cluster.scale_to(4)  # the free slot of the node being provisioned: its arrival, then start-up
+    assert cluster.pods[-1].ready_s == pytest.approx(450.0)
+    assert len(cluster.nodes) == 2 and cluster.capacity_lags_s == pytest.approx([100.0, 400.0, 400.0])
+
+
+def test_warm_slots_on_nodes_go_to_free_slots_first_and_are_taken_first():
+    cluster = SimCluster.started(_shape(2, 8), replicas=3, now=0.0)  # 4 slots per node
+    cluster.warm_to(2)  # one on the free slot of the first node, one on a new node
+    state = cluster.state()
+    assert (state.warm_slots_ready, state.idle_slots, cluster.warm_slots, len(cluster.nodes)) == (1, 0, 2, 2)
+    cluster.advance(300.0)  # the second node arrives: its placeholder is ready, its other 3 slots idle
+    assert (cluster.state().warm_slots_ready, cluster.state().idle_slots) == (2, 3)
+    cluster.scale_to(4)  # a ready warm slot first
+    assert cluster.pods[-1].ready_s == pytest.approx(400.0) and cluster.warm_slots == 1
+
+
+def test_the_node_limit_counts_nodes():
+    cluster = SimCluster.started(_shape(4, 8, node_limit=((0.0, 1), (500.0, 2))), replicas=2, now=0.0)
+    cluster.scale_to(3)
+    state = cluster.state()
+    assert (state.spec_replicas, state.ready_replicas, state.no_capacity_pods) == (3, 2, 1)
+    cluster.warm_to(1)
+    assert cluster.warm_slots == 0
+    cluster.advance(500.0)  # a second node: the pending replica is placed, then starts
+    assert cluster.state().no_capacity_pods == 0 and len(cluster.nodes) == 2
+    assert cluster.pods[-1].ready_s == pytest.approx(900.0) and cluster.capacity_lags_s == [900.0]
+
+
+def test_one_replica_per_node_is_todays_slot_model_and_node_gpu_hours_equal_gpu_hours():
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=0.0,
+                         node_jitter_ratio=0.0, node_idle_timeout_s=600.0)
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    assert type(cluster) is SimCluster
+    cluster.scale_to(1)
+    cluster.advance(1000.0)
+    cluster.scale_to(0)
+    cluster.advance(2000.0)
+    costs = cluster.finish()
+    assert costs.node_gpu_hours == costs.total_gpu_hours == pytest.approx(1600.0 / 3600.0)
+    assert costs.node_hours == costs.total_gpu_hours
+
+
+@pytest.mark.parametrize("shape,words", [
+    (dict(gpus_per_replica=0), "gpus_per_replica = 0"),
+    (dict(gpus_per_node=0), "gpus_per_node = 0"),
+    (dict(gpus_per_replica=1.5, gpus_per_node=8), "gpus_per_replica = 1.5"),
+    (dict(gpus_per_replica=4, gpus_per_node=2), "gpus_per_replica = 4 is more than gpus_per_node = 2"),
+])
+def test_an_impossible_shape_is_a_clear_error(shape, words):
+    with pytest.raises(ValueError, match=words):
+        ClusterModel(**shape)

@@ -1,6 +1,11 @@
 """A simulated GPU cluster for one model: replicas, warm slots and idle nodes, with their GPU cost.
 
-One replica needs one GPU slot. A new replica lands, in this order of preference, on:
+A replica needs `gpus_per_replica` GPUs (N) on one node of `gpus_per_node` GPUs (M): a node has k = M // N
+replica-shaped slots, and the M mod N GPUs left over serve no replica but are paid for. This module is the
+slot model, exact for k = 1 (one slot is one node); `autoscaler.sim.nodes` tracks nodes of k > 1 slots,
+and `SimCluster.started` picks the model from the shape.
+
+One replica needs one slot. A new replica lands, in this order of preference, on:
 1. a ready warm slot (a placeholder pod is preempted): ready after its start-up time;
 2. an idle node slot (freed recently, not yet removed by the cluster autoscaler): start-up time;
 3. a placeholder still waiting for its node: that node's arrival, then start-up;
@@ -9,8 +14,10 @@ Start-up and provisioning times are drawn with jitter from a seeded RNG (determi
 Scale-down removes the newest (least ready) replicas first; a freed slot goes to a pending placeholder if
 one waits, else idles for `node_idle_timeout_s` (cluster-autoscaler's scale-down-unneeded-time, 10 min).
 
-GPU cost, all counted: replicas from creation (warming) to removal (serving), placeholders from request to
-removal or preemption (warm pool), idle nodes until reused or removed (idle).
+GPU cost, all counted, in slot-seconds: replicas from creation (warming) to removal (serving), placeholders
+from request to removal or preemption (warm pool), idle nodes until reused or removed (idle); x N GPUs.
+A node is billed from its request to its removal: with k = 1 its life is its slot's, so node GPU-hours
+are the slot-seconds x M (x N for the replica-level figure).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,15 +34,33 @@ from policies.types import ClusterState
 
 @dataclass(frozen=True)
 class ClusterModel:
+    """The cluster's timing and shape. Replica and node shapes in GPUs: e.g. a 4-GPU (tensor-parallel)
+    replica on 8-GPU nodes, 2 replicas per node; a 3-GPU replica on 8-GPU nodes leaves 2 GPUs unusable."""
+
     startup_s: float = 120.0
     startup_jitter_ratio: float = 0.25  # start-up ~ U(1 - j/2, 1 + j) x startup_s
     node_provisioning_s: float = 300.0
     node_jitter_ratio: float = 0.2
     node_idle_timeout_s: float = 600.0
     seed: int = 3
-    # The node pool's limit in one-replica nodes, as (from time s, nodes) steps; empty: no limit. A replica
-    # that needs a new node beyond it stays Pending (no node, no cost) until the limit is raised.
+    # The node pool's limit in nodes, as (from time s, nodes) steps; empty: no limit. A replica that needs a
+    # new node beyond it stays Pending (no node, no cost) until the limit is raised.
     node_limit: tuple[tuple[float, int], ...] = ()
+    gpus_per_replica: int = 1
+    gpus_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("gpus_per_replica", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} = {value!r}: must be a whole number of GPUs >= 1")
+        if self.gpus_per_replica > self.gpus_per_node:
+            raise ValueError(f"gpus_per_replica = {self.gpus_per_replica} is more than gpus_per_node = "
+                             f"{self.gpus_per_node}: a replica must fit on one node")
+
+    @property
+    def replicas_per_node(self) -> int:
+        return self.gpus_per_node // self.gpus_per_replica
 
     def nodes_allowed(self, now: float) -> float:
         allowed = math.inf
@@ -51,20 +77,40 @@ class ClusterModel:
 
 @dataclass
 class Costs:
+    """Replica-shaped slot-seconds by what held them, and node-seconds. Replica-level GPU-hours count what
+    replicas and placeholders held and idle nodes (every slot of an empty node); node GPU-hours add the
+    free slots of nodes in use (`spare_s`) and the GPUs no replica fits in: the money figure.
+    Node-seconds x k = warming + serving + warm pool + idle + spare slot-seconds."""
+
     warming_s: float = 0.0
     serving_s: float = 0.0
     warm_pool_s: float = 0.0
-    idle_s: float = 0.0
+    idle_s: float = 0.0  # slots of empty nodes
+    spare_s: float = 0.0  # free slots of nodes in use (k > 1 only)
+    node_s: float = 0.0  # node existence, request to removal, summed over nodes
+    gpus_per_replica: int = 1
+    gpus_per_node: int = 1
 
     @property
     def total_gpu_hours(self) -> float:
-        return (self.warming_s + self.serving_s + self.warm_pool_s + self.idle_s) / 3600.0
+        """Replica-level GPU-hours: in GPUs, without the free slots of partly used nodes."""
+        return (self.warming_s + self.serving_s + self.warm_pool_s + self.idle_s) * self.gpus_per_replica / 3600.0
+
+    @property
+    def node_hours(self) -> float:
+        return self.node_s / 3600.0
+
+    @property
+    def node_gpu_hours(self) -> float:
+        """Every GPU of every node while it exists: what the cluster is billed."""
+        return self.node_s * self.gpus_per_node / 3600.0
 
 
 @dataclass
 class _Pod:
     created_s: float
     ready_s: float
+    node: Any = field(default=None, compare=False, repr=False)  # its `nodes._Node` in the node model
 
 
 @dataclass
@@ -85,9 +131,16 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.model.seed)
+        self.costs.gpus_per_replica = self.model.gpus_per_replica
+        self.costs.gpus_per_node = self.model.gpus_per_node
 
     @classmethod
     def started(cls, model: ClusterModel, *, replicas: int, now: float) -> "SimCluster":
+        """`replicas` ready at `now`; the node model when a node holds more than one replica."""
+        if cls is SimCluster and model.replicas_per_node > 1:
+            from autoscaler.sim.nodes import NodeCluster  # it builds on this module
+
+            return NodeCluster.started(model, replicas=replicas, now=now)
         cluster = cls(model=model, now=now)
         cluster.pods = [_Pod(now, now) for _ in range(replicas)]
         return cluster
@@ -127,6 +180,17 @@ class SimCluster:
         return len(self.pods) - len(self.unplaced) + len(self.warm_ready) + len(self.warm_pending) + len(self.idle)
 
     # -- observation ----------------------------------------------------------------------------------------
+    @property
+    def warm_slots(self) -> int:
+        """Placeholders, ready or waiting for their node."""
+        return len(self.warm_ready) + len(self.warm_pending)
+
+    def _warm_slots_ready(self) -> int:
+        return len(self.warm_ready)
+
+    def _idle_slots(self) -> int:
+        return len(self.idle)
+
     def ready(self, at: float | None = None) -> int:
         at = self.now if at is None else at
         return bisect.bisect_right([p.ready_s for p in self.pods], at)
@@ -146,8 +210,8 @@ class SimCluster:
             spec_replicas=len(self.pods),
             ready_replicas=ready,
             starting_replicas=len(self.pods) - ready,
-            warm_slots_ready=len(self.warm_ready),
-            idle_slots=len(self.idle),
+            warm_slots_ready=self._warm_slots_ready(),
+            idle_slots=self._idle_slots(),
             unschedulable_pods=len(self.unplaced),
             no_capacity_pods=len(self.unplaced),
             no_capacity_reason="the node pool's limit is reached" if self.unplaced else "",
@@ -235,4 +299,6 @@ class SimCluster:
         for freed, expires in self.idle:
             self.costs.idle_s += min(expires, self.now) - freed
         self.idle = []
+        c = self.costs
+        c.node_s = c.warming_s + c.serving_s + c.warm_pool_s + c.idle_s  # one slot, one node
         return self.costs

@@ -3,7 +3,8 @@
 Every tick: the cluster advances to `now`, the simulator reports the signals Prometheus and the Kubernetes
 API would show, the policy decides, a valid decision is applied (replicas, warm slots, shed levels), and the
 simulator serves the traffic of the next tick. All policies start from the same cluster: the replicas the
-first lead-time of the workload truly needs, ready.
+first lead-time of the workload truly needs, ready, on the cluster's shape (`ClusterModel.gpus_per_replica`,
+`gpus_per_node`): the slot model for one replica per node, the node model (`autoscaler.sim.nodes`) beyond.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def run(
         if keep_timeline:
             timeline.append(timeline_row(
                 now, signals, decision, replicas=len(cluster.pods),
-                warm_slots=len(cluster.warm_ready) + len(cluster.warm_pending), shed=shed, classes=workload.classes,
+                warm_slots=cluster.warm_slots, shed=shed, classes=workload.classes,
             ))
         sim.serve(now, now + config.tick_s, cluster, shed, guard)
         if progress is not None:
