@@ -20,6 +20,7 @@ from policies.queueing import servers_for
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.bounds import bound
+from policies.stages.budget import within_budget
 from policies.stages.capacity import unplaceable
 from policies.stages.combine import combine, confirm_window_s, remember_reactive
 from policies.stages.feedback import slo_feedback
@@ -156,8 +157,13 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         warm = 0
     else:
         reasons += why
+    replicas, warm, capped, why = within_budget(cluster, replicas=replicas, warm=warm)
+    reasons += why
     shed, why = shed_levels(spec, clean, service_s)
     reasons += why
+    if cluster.gpus_held:
+        cost = f", {cluster.gpu_cost_per_hour:.2f} per hour" if cluster.gpu_cost_per_hour is not None else ""
+        reasons.append(f"cost: {cluster.gpus_held:g} GPUs held by replicas and warm slots{cost}")
 
     decision = Decision(
         replicas=replicas,
@@ -171,6 +177,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         lead_time_s=lead,
         refitted=refitted,
         unplaceable_replicas=stuck,
+        capped_by_budget=capped,
         reasons=tuple(reasons),
     )
     state = replace(

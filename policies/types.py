@@ -44,6 +44,14 @@ class ClusterState:
     # Free replica-shaped capacity on nodes that exist (idle nodes, room on partly used ones): lands a
     # replica after its start-up only, like a warm slot, at no extra cost.
     idle_slots: int = 0
+    # Replicas the GPU budget allows in all (config caps, a Kueue ClusterQueue's quota), in the replica's shape,
+    # and what sets it (see stages/budget.py); None: no budget applies.
+    budget_replicas: int | None = None
+    budget_reason: str = ""
+    # GPUs the target holds on nodes (replicas and warm placeholders) and their price per hour, if known:
+    # reported with the decision, not used to size it.
+    gpus_held: float = 0.0
+    gpu_cost_per_hour: float | None = None
     # Creation -> Ready durations of pods that became Ready since the previous tick.
     startup_durations_s: tuple[float, ...] = ()
     at_s: float = 0.0
@@ -165,5 +173,7 @@ class Decision:
     refitted: bool = False
     # Ordered replicas the node provisioner cannot place (see stages/capacity.py).
     unplaceable_replicas: int = 0
+    # The GPU budget held the replicas below what demand asked for (see stages/budget.py).
+    capped_by_budget: bool = False
     valid: bool = True
     reasons: tuple[str, ...] = ()

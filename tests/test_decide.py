@@ -196,3 +196,31 @@ def test_one_burst_is_sized_for_its_protected_classes_and_a_second_in_full(spec)
     second = [tick(100.0) for _ in range(4)] + [tick(40.0) for _ in range(4)]
     assert max(d.replicas for d in second) >= full
     assert not any("not yet a pattern" in r for r in second[-1].reasons)
+
+
+def test_a_gpu_budget_caps_replicas_and_warm_slots_and_sheds_by_priority(spec):
+    """Demand asks for more than the quota allows: the decision stays within it, warm slots get what is left,
+    and the lowest priority is shed, with "capped by quota" and the quota's words in the reasons."""
+    insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
+    steps = [(i * 15.0, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=6)) for i in range(40)]
+    decisions, state = run(insured, steps)
+    free = decisions[-1]
+    assert free.warm_slots > 0 and not free.capped_by_budget
+    now = 40 * 15.0
+    rates = {"critical": 20.0, "standard": 40.0, "sheddable": 40.0}
+    quota = "ClusterQueue team-a: 24 nvidia.com/gpu, 8 used by others"
+    sig = Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=4, budget_replicas=4, budget_reason=quota,
+                                       at_s=now),
+                  arrival_rate_per_s=Sample(100.0, now), in_flight=Sample(40.0, now), queue_depth=Sample(60.0, now),
+                  service_time_s=Sample(1.0, now), arrival_rate_by_priority=rates)
+    d, _ = decide(insured, state, sig, now)
+    assert d.replicas == 4 and d.warm_slots == 0 and d.capped_by_budget
+    assert any(r.startswith("capped by quota: 4 replicas") and quota in r for r in d.reasons)
+    assert d.shed["sheddable"] > 0 and "critical" not in d.shed
+    roomy = Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=6, budget_replicas=8, budget_reason=quota,
+                                         at_s=now),
+                    arrival_rate_per_s=Sample(40.0, now), in_flight=Sample(30.0, now), queue_depth=Sample(0.0, now),
+                    service_time_s=Sample(1.0, now))
+    d, _ = decide(insured, state, roomy, now)
+    assert not d.capped_by_budget and d.replicas + d.warm_slots <= 8
+    assert d.warm_slots == 8 - d.replicas  # the pool wanted more (see `free`), the budget left this much
