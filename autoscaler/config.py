@@ -69,6 +69,34 @@ class WarmPool(_Strict):
     pause_image: str = "registry.k8s.io/pause:3.10"
 
 
+class Capacity(_Strict):
+    gpu_resource: str | None = Field(
+        None, description="The replica's GPU resource (e.g. nvidia.com/mig-3g.40gb); default: the first GPU or MIG "
+        "resource its pod template requests."
+    )
+    max_gpus: int | None = Field(None, ge=0, description="GPU cap of this target: replicas and warm slots together.")
+    namespace_max_gpus: int | None = Field(
+        None, ge=0, description="GPU cap of the target's namespace; the namespace's other pods count against it."
+    )
+    kueue: bool = Field(True, description="Follow the kueue.x-k8s.io/queue-name label to its ClusterQueue's quota.")
+    kueue_api_version: Literal["v1beta1", "v1beta2"] = "v1beta1"
+    read_nodes: bool = Field(
+        False, description="Count free replica-shaped room on existing nodes (idle slots). Needs list on nodes and on "
+        "pods in every namespace (deploy/components/idle-slots grants it); without, idle slots count as 0."
+    )
+    gpu_hour_price: dict[str, float] = Field(
+        default_factory=dict, description="Price per GPU-hour by node type (the node.kubernetes.io/instance-type or "
+        "nvidia.com/gpu.product label), `default` for the rest: decisions and metrics report the target's cost."
+    )
+
+    @model_validator(mode="after")
+    def _prices(self) -> "Capacity":
+        bad = {k: v for k, v in self.gpu_hour_price.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"gpu_hour_price must be >= 0, got {bad}")
+        return self
+
+
 class Admission(_Strict):
     enabled: bool = True
     port: int = Field(8081, ge=1, le=65535)
@@ -115,6 +143,7 @@ class Settings(BaseSettings):
     scrape: ScrapeSource = Field(default_factory=ScrapeSource)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     warm_pool: WarmPool = Field(default_factory=WarmPool)
+    capacity: Capacity = Field(default_factory=Capacity)
     admission: Admission = Field(default_factory=Admission)
     keda: Keda = Field(default_factory=Keda)
     leader_election: LeaderElection = Field(default_factory=LeaderElection)

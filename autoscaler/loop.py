@@ -153,7 +153,7 @@ class Controller:
         await self.board.publish(Published(decision, current if current is not None else decision.replicas,
                                            queue, now))
         self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None,
-                            unschedulable=cluster.unschedulable_pods if cluster else None)
+                            unschedulable=cluster.unschedulable_pods if cluster else None, cluster=cluster)
         leader = self.is_leader()
         self.metrics.leader.set(1 if leader else 0)
         log.info("decision", mode=self.settings.mode.value, leader=leader, valid=decision.valid,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from policies import Decision
+from policies import ClusterState, Decision
 
 
 class ControllerMetrics:
@@ -17,6 +17,13 @@ class ControllerMetrics:
                                    "Replicas waiting for a node (normal while one is provisioned)", registry=r)
         self.unplaceable = Gauge("autoscaler_unplaceable_replicas",
                                  "Ordered replicas no node can be provisioned for (a limit, a quota)", registry=r)
+        self.capped = Gauge("autoscaler_capped_by_budget",
+                            "1 while the GPU budget (config caps, Kueue quota) holds the replicas below demand",
+                            registry=r)
+        self.gpus_held = Gauge("autoscaler_gpus_held", "GPUs the target's pods and warm placeholders hold on nodes",
+                               registry=r)
+        self.cost = Gauge("autoscaler_gpu_cost_per_hour", "What the held GPUs cost per hour (capacity.gpu_hour_price)",
+                          registry=r)
         self.warm = Gauge("autoscaler_warm_slots", "Warm (placeholder) slots decided", registry=r)
         self.shed = Gauge("autoscaler_shed_ratio", "Fraction shed per priority", ["priority"], registry=r)
         self.forecast = Gauge("autoscaler_forecast_requests_per_second", "Forecast demand at now + lead time",
@@ -32,10 +39,11 @@ class ControllerMetrics:
                                  ["priority", "result"], registry=r)
 
     def record(self, decision: Decision, *, current: int | None, ready: int | None,
-               unschedulable: int | None = None) -> None:
+               unschedulable: int | None = None, cluster: ClusterState | None = None) -> None:
         self.decided.set(decision.replicas)
         self.warm.set(decision.warm_slots)
         self.unplaceable.set(decision.unplaceable_replicas)
+        self.capped.set(1 if decision.capped_by_budget else 0)
         self.valid.set(1 if decision.valid else 0)
         if current is not None:
             self.current.set(current)
@@ -49,5 +57,9 @@ class ControllerMetrics:
             self.forecast.labels("mean").set(decision.forecast_rate_per_s)
         if decision.forecast_upper_rate_per_s is not None:
             self.forecast.labels("upper").set(decision.forecast_upper_rate_per_s)
+        if cluster is not None:
+            self.gpus_held.set(cluster.gpus_held)
+            if cluster.gpu_cost_per_hour is not None:
+                self.cost.set(cluster.gpu_cost_per_hour)
         if decision.lead_time_s is not None:
             self.lead.set(decision.lead_time_s)

@@ -27,8 +27,11 @@ from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
+from autoscaler.kube.budget import BudgetReader
+from autoscaler.kube.capacity import NodeReader
 from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
@@ -38,7 +41,7 @@ from autoscaler.metrics import ControllerMetrics
 from autoscaler.presets import SCRAPE
 from autoscaler.signals.prometheus import PrometheusSource
 from autoscaler.signals.queueprobe import QueueProbe, QueueReading
-from autoscaler.signals.scrape import KubePodEndpoints, ScrapeSource
+from autoscaler.signals.scrape import KubePodEndpoints, PodInFlight, ScrapeSource
 
 # /healthz: the loop is alive while its last tick is at most this many periods old...
 HEALTHY_TICK_PERIODS = 3
@@ -104,6 +107,24 @@ def _pods(kube: Kube, settings: Settings) -> KubePodEndpoints:
                             port=settings.scrape.port, path=settings.scrape.path)
 
 
+def build_scaler(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *,
+                 metrics: ControllerMetrics) -> ScaleActuator:
+    """The scale subresource writer, which marks the pods a scale-down should remove (by node usage, and by
+    requests in flight when the pods are scraped) within a third of the tick's deadline."""
+    target, scrape = settings.target, settings.scrape
+    order_timeout_s = settings.deadline_s / 3
+    metric = SCRAPE[settings.model_server].get("in_flight")
+    in_flight = None
+    if scrape.enabled and metric:  # the pods are reachable from the controller: read their running requests
+        in_flight = PodInFlight(session, metric, port=scrape.port, path=scrape.path,
+                                timeout_s=min(scrape.timeout_s, order_timeout_s / 2))
+    deletion = DeletionOrder(kube, namespace=target.namespace, in_flight=in_flight, timeout_s=order_timeout_s,
+                             on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
+    return ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
+                         min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas,
+                         deletion=deletion)
+
+
 def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> list:
     """The signal sources: PromQL queries, the pods' /metrics, or both."""
     sources = []
@@ -129,6 +150,17 @@ def build_warm_pool(settings: Settings, kube: Kube):
                            pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots)
 
 
+def build_cluster_reader(settings: Settings, kube: Kube, warm_pool) -> ClusterReader:
+    """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets)."""
+    target, capacity = settings.target, settings.capacity
+    budget = BudgetReader(kube, namespace=target.namespace, max_gpus=capacity.max_gpus,
+                          namespace_max_gpus=capacity.namespace_max_gpus, kueue=capacity.kueue,
+                          kueue_version=capacity.kueue_api_version)
+    return ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name, warm_pool=warm_pool,
+                         nodes=NodeReader(kube, prices=capacity.gpu_hour_price) if capacity.read_nodes else None, budget=budget,
+                         gpu_resource=capacity.gpu_resource)
+
+
 def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
                      board: DecisionBoard, metrics: ControllerMetrics, priorities: PriorityCounter,
                      clock: Clock, parts: Parts) -> Controller:
@@ -145,11 +177,9 @@ def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSess
         parts.tasks.append(elector.run)
     controller = Controller(
         settings=settings, sources=build_sources(settings, kube, session), board=board, metrics=metrics,
-        cluster=ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                              warm_pool=warm_pool),
+        cluster=build_cluster_reader(settings, kube, warm_pool),
         priorities=priorities,
-        scaler=ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                             min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas),
+        scaler=build_scaler(settings, kube, session, metrics=metrics),
         warm_pool=warm_pool,
         events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),

@@ -1,5 +1,8 @@
 """Shared fixtures."""
 
+import itertools
+import time
+
 import pytest
 
 from policies import PolicySpec
@@ -20,3 +23,16 @@ def cluster():
             status, body = cp.request("POST", "/api/v1/nodes", gpu_node(f"gpu-{i}"))
             assert status == 201, body
         yield cp
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def namespace(cluster):
+    """A fresh namespace per test on the shared control plane, deleted afterwards so its pods free their GPUs."""
+    name = f"t{next(_names)}-{int(time.time() * 1000) % 100000}"
+    status, body = cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    assert status == 201, body
+    yield name
+    cluster.request("DELETE", f"/api/v1/namespaces/{name}")

@@ -11,6 +11,7 @@ from autoscaler.config import load_config
 from autoscaler.errors import PermanentError
 from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.deletion import PENDING_COST, DeletionOrder
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
@@ -27,6 +28,8 @@ PATHS = {
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
 }
@@ -49,8 +52,11 @@ def installed(cluster):
 def test_every_rendered_manifest_is_accepted_by_the_apiserver(installed):
     kinds = {kind for kind, _ in installed}
     assert {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "Lease",
-            "PriorityClass"} <= kinds
+            "PriorityClass", "ClusterRole", "ClusterRoleBinding"} <= kinds
     assert ("Deployment", f"{MODEL}-warm-pool") in installed and ("Lease", f"{MODEL}-autoscaler") in installed
+    # cluster-scoped, so named after the model like the Lease
+    assert ("ClusterRole", f"{MODEL}-autoscaler-nodes") in installed
+    assert ("ClusterRoleBinding", f"{MODEL}-autoscaler-nodes") in installed
 
 
 def impersonated(cluster, method, path, body=None, ns=NS):
@@ -75,6 +81,14 @@ def impersonated(cluster, method, path, body=None, ns=NS):
     ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/{MODEL}-warm-pool", True),
     ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{MODEL}-autoscaler", True),
     ("GET", f"/api/v1/namespaces/{NS}/pods", True),
+    ("GET", f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/localqueues/models", True),  # a quota to follow
+    ("GET", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues", True),
+    ("GET", "/api/v1/pods", False),  # every namespace's pods: only with the idle-slots component
+    ("PATCH", f"/api/v1/namespaces/{NS}/pods/any", True),  # the pod-deletion-cost annotation
+    ("GET", "/api/v1/nodes", True),  # which nodes are going away, before a scale-down
+    ("GET", "/api/v1/nodes/gpu-0", True),
+    ("PATCH", "/api/v1/nodes/gpu-0", False),
+    ("DELETE", f"/api/v1/namespaces/{NS}/pods/any", False),
     ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/other/scale", False),
     ("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/other", False),
     ("GET", f"/api/v1/namespaces/{NS}/secrets", False),
@@ -123,6 +137,14 @@ def test_controller_components_work_with_the_service_accounts_own_token(cluster,
         kube = await Kube.connect(kubeconfig)
         try:
             await scale_and_warm(kube, NS, "Deployment", MODEL)
+            # before a scale-down: the pods listed and annotated, their nodes read, all with the SA's own rights
+            errors = []
+            for _ in range(40):  # until the scheduler has placed a pod (a fresh control plane takes a moment)
+                marked = await DeletionOrder(kube, namespace=NS, on_error=errors.append).mark(f"app={MODEL}")
+                if errors or any(cost > PENDING_COST for cost in marked.values()):
+                    break
+                await asyncio.sleep(0.5)
+            assert errors == [] and any(cost > PENDING_COST for cost in marked.values()), (errors, marked)
             elector = LeaderElector(kube, namespace=NS, name=f"{MODEL}-autoscaler", identity="pod-a",
                                     lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
             assert await elector.try_acquire_or_renew()
@@ -239,3 +261,48 @@ def test_statefulset_target_scales_with_the_service_accounts_own_token(cluster, 
     assert model["spec"]["replicas"] == before + 1
     pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{STS_NS}/deployments/{STS_MODEL}-warm-pool")[1]
     assert pool["spec"]["replicas"] == 1
+
+
+MODEL_SERVER_NS = "llm-model-server"
+
+
+def test_model_server_example_drains_and_is_accepted(cluster):
+    """deploy/model: created with strict validation (in a namespace of its own: the installed fixture has a
+    stand-in model of the same name in `llm`), and its drain settings add up."""
+    docs = render("model")
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": MODEL_SERVER_NS}})[0] in (201, 409)
+    try:
+        for doc in docs:
+            doc["metadata"]["namespace"] = MODEL_SERVER_NS
+            path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=MODEL_SERVER_NS)
+            status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
+            assert status == 201, (doc["kind"], doc["metadata"]["name"], body.get("message"))
+    finally:
+        cluster.request("DELETE", f"/api/v1/namespaces/{MODEL_SERVER_NS}")
+    [server] = [d for d in docs if d["kind"] == "Deployment"]
+    assert server["metadata"]["name"] == MODEL  # the controller's target in deploy/example
+    spec = server["spec"]["template"]["spec"]
+    [vllm] = spec["containers"]
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
+    shutdown_s = next(int(a.split("=", 1)[1]) for a in vllm["args"] if a.startswith("--shutdown-timeout="))
+    sleep_s = vllm["lifecycle"]["preStop"]["sleep"]["seconds"]
+    # SIGKILL comes at the grace period, counted from the deletion: after the sleep and the drain
+    assert sleep_s > 0 and shutdown_s > 0 and spec["terminationGracePeriodSeconds"] > sleep_s + shutdown_s
+    [service] = [d for d in docs if d["kind"] == "Service"]
+    assert service["spec"]["selector"] == server["spec"]["selector"]["matchLabels"]
+
+
+def test_idle_slots_component_grants_listing_pods_everywhere_and_turns_the_reading_on(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    deploy = os.path.relpath(ROOT / "deploy", overlay)
+    text = STS_OVERLAY.format(ns="llm", deploy=deploy, model="llama")
+    text = text.replace(f"components: [{deploy}/components/model-name, {deploy}/components/statefulset]",
+                        f"components: [{deploy}/components/idle-slots, {deploy}/components/model-name]")
+    (overlay / "kustomization.yaml").write_text(text)
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(overlay)}
+    rules = docs[("ClusterRole", "llama-autoscaler-nodes")]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
+    env = docs[("Deployment", "inference-autoscaler")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "AUTOSCALER_CAPACITY__READ_NODES", "value": "true"} in env

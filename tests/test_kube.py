@@ -1,7 +1,6 @@
 """Actuators, cluster state and leader election against a real kube-apiserver."""
 
 import asyncio
-import itertools
 import time
 
 import pytest
@@ -15,19 +14,6 @@ from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import model_deployment
-
-_names = itertools.count()
-
-
-@pytest.fixture
-def namespace(cluster):
-    """A fresh namespace per test, deleted afterwards so its pods free their GPUs."""
-    name = f"t{next(_names)}-{int(time.time() * 1000) % 100000}"
-    status, body = cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
-    assert status == 201, body
-    yield name
-    cluster.request("DELETE", f"/api/v1/namespaces/{name}")
-
 
 def deploy(cluster, ns, name="model", replicas=2, **kw):
     status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",

@@ -10,11 +10,15 @@
   said it cannot place (a FailedScheduling or NotTriggerScaleUp Event from anyone but the scheduler itself,
   which reports every pod waiting for a new node: Karpenter's "all available instance types exceed limits
   for nodepool", the cluster-autoscaler's "pod didn't trigger scale-up"), with that message; and how long
-  the oldest pod has been waiting, so the policy can tell a node on its way from one that is not coming.
+  the oldest pod has been waiting, so the policy can tell a node on its way from one that is not coming;
+- with a capacity model (`capacity.py`, `budget.py`): idle replica-shaped slots on existing nodes, and the
+  replicas the GPU budget allows, with its reason.
 """
 
 from __future__ import annotations
 
+from autoscaler.kube.budget import WARM_POOL_LABEL, BudgetReader
+from autoscaler.kube.capacity import NodeReader, replica_shape
 from autoscaler.kube.client import Kube, object_time
 from policies.types import ClusterState
 
@@ -29,11 +33,15 @@ def label_selector(match_labels: dict[str, str]) -> str:
 
 
 class ClusterReader:
-    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool=None) -> None:
-        """`warm_pool`: the warm pool backend (its `ready()` counts ready slots), or None."""
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool=None,
+                 nodes: NodeReader | None = None, budget: BudgetReader | None = None,
+                 gpu_resource: str | None = None) -> None:
+        """`warm_pool`: the warm pool backend (its `ready()` counts ready slots), or None; `nodes`, `budget`:
+        the capacity model's readers (None: no idle slots counted, no budget)."""
         self.kube = kube
         self.namespace, self.kind, self.name = namespace, kind, name
         self.warm_pool = warm_pool
+        self.nodes, self.budget, self.gpu_resource = nodes, budget, gpu_resource
         self._reported: set[str] = set()
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
@@ -59,6 +67,16 @@ class ClusterReader:
                 stuck.add(name)
                 message = f"{source}: {event.message}"
         return len(stuck), message
+
+    def _ours(self, uids: set[str]):
+        """Whether a pod is one of the target's (by uid) or one of its warm placeholders."""
+        pool = getattr(self.warm_pool, "name", None)
+
+        def ours(pod) -> bool:
+            labels = pod.metadata.labels or {}
+            return pod.metadata.uid in uids or (pod.metadata.namespace == self.namespace and pool is not None
+                                                and labels.get(WARM_POOL_LABEL) == pool)
+        return ours
 
     async def pod_template(self):
         """The target's pod template: from this tick's read when there was one, else read now."""
@@ -100,6 +118,9 @@ class ClusterReader:
         warm = await self.warm_pool.ready() if self.warm_pool is not None else 0
         stuck, why = await self._no_capacity(waiting, now) if waiting else (0, "")
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
+        shape = replica_shape(workload.spec.template, self.gpu_resource)
+        room = await self.nodes.room(workload.spec.template, shape, self._ours(seen)) if self.nodes else None
+        budget = await self.budget.read(workload, shape, pods.items) if self.budget else None
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
@@ -109,6 +130,11 @@ class ClusterReader:
             no_capacity_reason=why,
             oldest_unschedulable_s=oldest,
             warm_slots_ready=warm,
+            idle_slots=room.idle_slots if room else 0,
+            gpus_held=room.gpus_held if room else 0.0,
+            gpu_cost_per_hour=room.cost_per_hour if room else None,
+            budget_replicas=budget.replicas if budget else None,
+            budget_reason=budget.reason if budget else "",
             startup_durations_s=tuple(durations),
             at_s=now,
         )

@@ -81,6 +81,29 @@ def _read(text: str) -> dict[str, float]:
     return values
 
 
+class PodInFlight:
+    """Requests in flight per pod, read from each pod's /metrics on demand (for the order in which a
+    scale-down removes pods, `autoscaler.kube.deletion`). A pod that cannot be read, or lacks the gauge, is
+    left out: unknown, never zero."""
+
+    def __init__(self, session: aiohttp.ClientSession, metric: str, *, port: int, path: str, timeout_s: float) -> None:
+        self.session, self.metric, self.port, self.path = session, metric, port, path
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def in_flight(self, pods: dict[str, str]) -> dict[str, float]:
+        """`pods`: pod name -> pod IP."""
+        names = list(pods)
+        read = await asyncio.gather(*(fetch_metrics(self.session, f"http://{pods[n]}:{self.port}{self.path}",
+                                                    self.timeout) for n in names), return_exceptions=True)
+        out = {}
+        for name, got in zip(names, read):
+            if isinstance(got, asyncio.CancelledError):
+                raise got
+            if isinstance(got, dict) and self.metric in got:
+                out[name] = got[self.metric]
+        return out
+
+
 class ScrapeSource:
     def __init__(self, session: aiohttp.ClientSession, endpoints: PodEndpoints, metrics: dict[str, str], *,
                  timeout_s: float) -> None:

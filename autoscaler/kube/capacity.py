@@ -1,0 +1,191 @@
+"""The capacity model: what one replica needs, where one more fits now, and how many the GPU budget allows.
+
+- Replica shape: the pod template's requests as the scheduler counts them (`quantity.effective_resources`),
+  and its GPU resource: `capacity.gpu_resource` if set, else the first of `nvidia.com/gpu`, a MIG profile
+  (`nvidia.com/mig-1g.10gb`, ...), `amd.com/gpu`, `gpu.intel.com/*` that it requests. A 4-GPU tensor-parallel
+  replica is one unit of 4 GPUs that must fit on one node (the scheduler places pods, not GPUs).
+- Idle slots: on every Ready, schedulable node the template may use (its node selector, required node
+  affinity and tolerations), how many whole replicas fit into what the node's running pods leave of its
+  allocatable resources. An 8-GPU node with one 4-GPU replica on it has one idle slot; a node with 6 GPUs
+  free and 4-GPU replicas also one (the other 2 GPUs are no use to this model). A replica that lands on an
+  idle slot waits for its start-up only, so idle slots shorten the lead time and count against the warm
+  pool (stages 3 and 7). Reading the nodes needs `list` on nodes and on pods in every namespace (a
+  ClusterRole); if that read fails, idle slots are taken as 0, which only lengthens the lead time.
+- Budget (`budget.py`): the GPU caps in the config and the Kueue quota, in replicas of this shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import structlog
+
+from autoscaler.errors import EdgeError
+from autoscaler.kube.client import Kube
+from autoscaler.kube.quantity import effective_resources, parse_quantity
+
+log = structlog.get_logger("autoscaler")
+
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+GPU_PREFIXES = ("nvidia.com/mig-", "gpu.intel.com/")
+NODE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "nvidia.com/gpu.product")
+LIVE = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _get(obj, name: str):
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one replica's pod asks of a node."""
+
+    requests: dict[str, Decimal]
+    gpu_resource: str | None
+    gpus: Decimal
+
+    def fits(self, free: dict[str, Decimal]) -> int:
+        """Whole replicas that fit into `free` (resources this shape does not request do not limit it)."""
+        counts = [math.floor(free.get(k, Decimal(0)) / v) for k, v in self.requests.items() if v > 0]
+        return max(0, min(counts)) if counts else 0
+
+
+def replica_shape(template, gpu_resource: str | None = None) -> Shape:
+    requests, _ = effective_resources(template.spec)
+    if gpu_resource is None:
+        gpu_resource = next((k for k in requests if k in GPU_RESOURCES or k.startswith(GPU_PREFIXES)), None)
+    gpus = requests.get(gpu_resource, Decimal(0)) if gpu_resource else Decimal(0)
+    return Shape(requests=requests, gpu_resource=gpu_resource if gpus > 0 else None, gpus=gpus)
+
+
+def _tolerates(tolerations, taint) -> bool:
+    for t in tolerations or []:
+        effect, key, op = _get(t, "effect"), _get(t, "key"), _get(t, "operator") or "Equal"
+        if effect and effect != _get(taint, "effect"):
+            continue
+        if op == "Exists" and (not key or key == _get(taint, "key")):
+            return True
+        if op == "Equal" and key == _get(taint, "key") and (_get(t, "value") or "") == (_get(taint, "value") or ""):
+            return True
+    return False
+
+
+def _expression_holds(expr, labels: dict[str, str]) -> bool:
+    key, op, values = _get(expr, "key"), _get(expr, "operator"), _get(expr, "values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # Gt/Lt and anything newer: not counted (an idle slot counted wrongly would shorten the lead time)
+
+
+def node_admits(node, pod_spec) -> bool:
+    """Whether the scheduler could place a pod of `pod_spec` on `node` as far as labels, taints and the
+    node's state go (resources are `Shape.fits`)."""
+    meta, spec, status = node.metadata, node.spec, node.status
+    labels = meta.labels or {}
+    if spec is not None and spec.unschedulable:
+        return False
+    ready = next((c for c in (status.conditions or []) if c.type == "Ready"), None) if status else None
+    if ready is None or ready.status != "True":
+        return False
+    if any(labels.get(k) != v for k, v in (pod_spec.node_selector or {}).items()):
+        return False
+    for taint in (spec.taints or []) if spec is not None else []:
+        if taint.effect in ("NoSchedule", "NoExecute") and not _tolerates(pod_spec.tolerations, taint):
+            return False
+    affinity = pod_spec.affinity.node_affinity if pod_spec.affinity and pod_spec.affinity.node_affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    if required is not None:  # terms are ORed, expressions within a term ANDed
+        terms = required.node_selector_terms or []
+        if not any(all(_expression_holds(e, labels) for e in (term.match_expressions or [])) for term in terms):
+            return False
+    return True
+
+
+def node_type(node) -> str:
+    labels = node.metadata.labels or {}
+    return next((labels[k] for k in NODE_TYPE_LABELS if labels.get(k)), "unknown")
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """Free whole-replica slots on the nodes that exist, replicas per node by node type, and the GPUs the
+    target holds on nodes (its pods and warm placeholders) with their price per hour, if prices are known."""
+
+    idle_slots: int = 0
+    per_node: dict[str, int] = field(default_factory=dict)
+    gpus_held: float = 0.0
+    cost_per_hour: float | None = None
+
+
+def price_of(prices: dict[str, float], node) -> float | None:
+    """Price per GPU-hour of a node: by its node type (instance type or GPU product), else `default`."""
+    return prices.get(node_type(node), prices.get("default"))
+
+
+def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
+              prices: dict[str, float] | None = None) -> NodeRoom:
+    used: dict[str, dict[str, Decimal]] = {}
+    held: dict[str, Decimal] = {}
+    for pod in pods:
+        name = pod.spec.node_name if pod.spec else None
+        if not name:
+            continue
+        requests, _ = effective_resources(pod.spec)
+        total = used.setdefault(name, {})
+        for key, value in requests.items():
+            total[key] = total.get(key, Decimal(0)) + value
+        if shape.gpu_resource and ours(pod):
+            held[name] = held.get(name, Decimal(0)) + requests.get(shape.gpu_resource, Decimal(0))
+    by_name = {node.metadata.name: node for node in nodes}
+    cost = None
+    if prices:
+        known = [(gpus, price_of(prices, by_name[n])) for n, gpus in held.items() if n in by_name]
+        cost = None if any(p is None for _, p in known) else sum(float(g) * p for g, p in known)
+    idle, per_node = 0, {}
+    for node in nodes:
+        if not node_admits(node, template.spec):
+            continue
+        allocatable = {k: Decimal(0) for k in shape.requests}
+        for key, value in ((node.status.allocatable or {}) if node.status else {}).items():
+            allocatable[key] = parse_quantity(value)
+        whole = shape.fits(allocatable)
+        if whole == 0:
+            continue
+        per_node[node_type(node)] = max(per_node.get(node_type(node), 0), whole)
+        taken = used.get(node.metadata.name, {})
+        idle += shape.fits({k: v - taken.get(k, Decimal(0)) for k, v in allocatable.items()})
+    return NodeRoom(idle_slots=idle, per_node=per_node, gpus_held=float(sum(held.values(), Decimal(0))),
+                    cost_per_hour=cost)
+
+
+class NodeReader:
+    """Reads nodes and the pods bound to them, and returns the idle slots for a template; with `prices`
+    (per GPU-hour by node type, `default` for the rest), what the target's GPUs cost per hour."""
+
+    def __init__(self, kube: Kube, *, prices: dict[str, float] | None = None) -> None:
+        self.kube = kube
+        self.prices = prices or {}
+        self._warned = False
+
+    async def room(self, template, shape: Shape, ours=lambda pod: False) -> NodeRoom:
+        if not shape.requests:
+            return NodeRoom()
+        try:
+            nodes = await self.kube.call("list nodes", self.kube.core.list_node)
+            pods = await self.kube.call("list pods in all namespaces", self.kube.core.list_pod_for_all_namespaces,
+                                        field_selector=LIVE)
+        except EdgeError as exc:
+            if not self._warned:
+                log.warning("idle node slots unknown, taken as 0", error=str(exc))
+                self._warned = True
+            return NodeRoom()
+        self._warned = False
+        return node_room(nodes.items, pods.items, template, shape, ours=ours, prices=self.prices)

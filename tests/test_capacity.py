@@ -1,0 +1,72 @@
+"""The capacity model's pure parts: a replica's shape, whole-replica room, and a Kueue ClusterQueue's budget."""
+
+from decimal import Decimal
+
+from kubernetes_asyncio.client import (V1Affinity, V1Container, V1Node, V1NodeAffinity, V1NodeCondition, V1NodeSelector,
+                                       V1NodeSelectorRequirement, V1NodeSelectorTerm, V1NodeSpec, V1NodeStatus,
+                                       V1ObjectMeta, V1PodSpec, V1PodTemplateSpec, V1ResourceRequirements, V1Taint,
+                                       V1Toleration)
+
+from autoscaler.kube.budget import kueue_gpus
+from autoscaler.kube.capacity import node_admits, replica_shape
+
+
+def template(requests, **spec):
+    container = V1Container(name="vllm", resources=V1ResourceRequirements(requests=requests, limits=requests))
+    return V1PodTemplateSpec(spec=V1PodSpec(containers=[container], **spec))
+
+
+def node(labels=None, taints=None, ready="True", unschedulable=None):
+    return V1Node(metadata=V1ObjectMeta(name="n", labels=labels or {}),
+                  spec=V1NodeSpec(taints=taints, unschedulable=unschedulable),
+                  status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status=ready)]))
+
+
+def test_the_shape_names_the_gpu_or_mig_resource_and_counts_whole_replicas():
+    shape = replica_shape(template({"nvidia.com/gpu": "4", "cpu": "8"}))
+    assert shape.gpu_resource == "nvidia.com/gpu" and shape.gpus == 4
+    assert shape.fits({"nvidia.com/gpu": Decimal(6), "cpu": Decimal(64)}) == 1  # 2 GPUs left over: no use
+    assert shape.fits({"nvidia.com/gpu": Decimal(8), "cpu": Decimal(12)}) == 1  # CPU binds
+    mig = replica_shape(template({"nvidia.com/mig-3g.40gb": "1"}))
+    assert mig.gpu_resource == "nvidia.com/mig-3g.40gb"
+    assert replica_shape(template({"cpu": "1"})).gpu_resource is None
+
+
+def test_a_node_admits_by_selector_taints_affinity_and_state():
+    tainted = [V1Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")]
+    tolerant = dict(tolerations=[V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")])
+    spec = template({"nvidia.com/gpu": "1"}, node_selector={"pool": "a"}, **tolerant).spec
+    assert node_admits(node({"pool": "a"}, tainted), spec)
+    assert not node_admits(node({"pool": "b"}, tainted), spec)
+    intolerant = template({"nvidia.com/gpu": "1"}, node_selector={"pool": "a"}).spec
+    assert not node_admits(node({"pool": "a"}, tainted), intolerant)
+    assert not node_admits(node({"pool": "a"}, ready="False"), spec)
+    assert not node_admits(node({"pool": "a"}, unschedulable=True), spec)
+    clique = V1NodeSelectorRequirement(key="nvidia.com/gpu.clique", operator="In", values=["c1"])
+    required = V1NodeSelector(node_selector_terms=[V1NodeSelectorTerm(match_expressions=[clique])])
+    with_affinity = template({"nvidia.com/gpu": "8"}, affinity=V1Affinity(node_affinity=V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=required))).spec
+    assert node_admits(node({"nvidia.com/gpu.clique": "c1"}), with_affinity)
+    assert not node_admits(node({"nvidia.com/gpu.clique": "c2"}), with_affinity)
+
+
+def queue(name, nominal, used, cohort="ml", borrowing=None, lending=None):
+    gpu = {"name": "nvidia.com/gpu", "nominalQuota": nominal}
+    gpu.update({k: v for k, v in (("borrowingLimit", borrowing), ("lendingLimit", lending)) if v is not None})
+    return {"metadata": {"name": name},
+            "spec": {"cohort": cohort, "resourceGroups": [{"flavors": [{"name": "h100", "resources": [gpu]}]}]},
+            "status": {"flavorsUsage": [{"name": "h100", "resources": [{"name": "nvidia.com/gpu", "total": used}]}]}}
+
+
+def test_a_cluster_queue_budget_is_nominal_plus_what_the_cohort_may_lend_less_others_use():
+    ours = queue("a", 16, used=12)
+    peers = [ours, queue("b", 8, used=2, lending=4), queue("c", 8, used=8), queue("d", 50, used=0, cohort="other")]
+    gpus, why = kueue_gpus(ours, peers, "nvidia.com/gpu", Decimal(8))
+    assert gpus == 16 + 4 - 4  # b lends 4 of its 6 unused, c has nothing unused, d is in another cohort
+    assert why == "ClusterQueue a: 16 nvidia.com/gpu nominal + 4 the cohort may lend - 4 used by others = 16"
+    capped, _ = kueue_gpus(queue("a", 16, used=12, borrowing=1), peers, "nvidia.com/gpu", Decimal(8))
+    assert capped == 16 + 1 - 4
+    alone, _ = kueue_gpus(queue("a", 16, used=12, cohort=None), peers, "nvidia.com/gpu", Decimal(8))
+    assert alone == 16 - 4
+    none, why = kueue_gpus(ours, peers, "nvidia.com/mig-1g.10gb", Decimal(0))
+    assert none == 0 and "no quota for nvidia.com/mig-1g.10gb" in why
