@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from autoscaler.kube.client import Kube
 from policies import ClusterState, Sample, Signals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +64,15 @@ def render(overlay) -> list[dict]:
     out = subprocess.run([str(binaries() / "kustomize"), "build", str(ROOT / "deploy" / overlay)],
                          check=True, capture_output=True, text=True)
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def with_kube(cp, fn):
+    """Run `fn(kube)` with a client of the control plane `cp` (its admin kubeconfig), and close it."""
+    async def go():
+        kube = await Kube.connect(cp.kubeconfig)
+        try:
+            return await fn(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(go())

@@ -10,23 +10,14 @@ import pytest
 from autoscaler.errors import PermanentError
 from autoscaler.kube.budget import BudgetReader
 from autoscaler.kube.capacity import NodeReader, replica_shape
-from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.warmpool import PlaceholderPool
 from policies import PolicySpec, Sample, Signals, decide, initial_state
 
 from loadtest.kube.controlplane import gpu_node, model_deployment
 
+from helpers import with_kube
 
-def run(cluster, fn):
-    async def go():
-        kube = await Kube.connect(cluster.kubeconfig)
-        try:
-            return await fn(kube)
-        finally:
-            await kube.close()
-
-    return asyncio.run(go())
 
 
 @pytest.fixture
@@ -72,6 +63,18 @@ async def until(read, done, tries=60):
     return state
 
 
+def read_with_budget(cluster, ns, *, ready, max_gpus=None):
+    """The target's state, read with idle slots and a budget (Kueue followed), once `ready` replicas are."""
+    async def go(kube):
+        budget = BudgetReader(kube, namespace=ns, max_gpus=max_gpus, namespace_max_gpus=None, kueue=True,
+                              kueue_version="v1beta1")
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", nodes=NodeReader(kube),
+                               budget=budget)
+        return await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == ready)
+
+    return with_kube(cluster, go)
+
+
 def test_four_gpu_replicas_on_eight_gpu_nodes_count_whole_replica_slots(cluster, namespace, pool_nodes):
     """3 replicas of 4 GPUs on two 8-GPU nodes: one node full, one with room for exactly one more replica. A
     warm placeholder takes that room whole; a second one finds no node that fits and waits for a new node."""
@@ -94,7 +97,7 @@ def test_four_gpu_replicas_on_eight_gpu_nodes_count_whole_replica_slots(cluster,
         await asyncio.sleep(2)  # the second placeholder stays Pending: no node has 4 GPUs free
         return placed, room, warmed, await reader.read(time.time())
 
-    placed, room, warmed, later = run(cluster, go)
+    placed, room, warmed, later = with_kube(cluster, go)
     assert placed.ready_replicas == 3 and placed.idle_slots == 1
     assert placed.gpus_held == 12 and placed.gpu_cost_per_hour == 48.0  # 3 x 4 GPUs at 4.0 per GPU-hour
     assert room.per_node == {"p4d.24xlarge": 2}
@@ -111,14 +114,7 @@ def test_mig_sliced_nodes_count_slices_and_budget_in_slices(cluster, namespace, 
     pool_nodes(count=1, resources={mig: "7", "nvidia.com/gpu": "0"}, instance_type="a100-mig")
     deploy(cluster, ns, replicas=2, resource=mig, amount="1")
 
-    async def go(kube):
-        budget = BudgetReader(kube, namespace=ns, max_gpus=3, namespace_max_gpus=None, kueue=True,
-                              kueue_version="v1beta1")
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", nodes=NodeReader(kube),
-                               budget=budget)
-        return await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == 2)
-
-    state = run(cluster, go)
+    state = read_with_budget(cluster, ns, ready=2, max_gpus=3)
     assert state.idle_slots == 5
     assert state.budget_replicas == 3 and "capacity.max_gpus 3 nvidia.com/mig-1g.10gb" in state.budget_reason
 
@@ -181,14 +177,7 @@ def test_a_kueue_cluster_queue_caps_the_decision_and_sheds_by_priority(cluster, 
     cluster.apply(local, namespace=ns)
     deploy(cluster, ns, replicas=1, labels={"kueue.x-k8s.io/queue-name": "models"})
 
-    async def go(kube):
-        budget = BudgetReader(kube, namespace=ns, max_gpus=None, namespace_max_gpus=None, kueue=True,
-                              kueue_version="v1beta1")
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", nodes=NodeReader(kube),
-                               budget=budget)
-        return await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == 1)
-
-    state = run(cluster, go)
+    state = read_with_budget(cluster, ns, ready=1)
     assert state.budget_replicas == 2
     assert state.budget_reason.startswith(f"ClusterQueue team-a-{suffix}: 8 nvidia.com/gpu nominal + 4 the cohort "
                                           f"may lend - 4 used by others = 8")
@@ -229,7 +218,7 @@ def test_a_namespace_cap_counts_other_pods_and_a_missing_local_queue_holds(clust
             return state, str(exc)
         return state, None
 
-    state, error = run(cluster, go)
+    state, error = with_kube(cluster, go)
     assert state.budget_replicas == 2  # (12 - 2 used by the batch pod) // 4
     assert "- 2 used by other pods" in state.budget_reason
     assert error is not None and "LocalQueue" in error and "nowhere" in error

@@ -15,22 +15,14 @@ from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import model_deployment
 
+from helpers import with_kube
+
 def deploy(cluster, ns, name="model", replicas=2, **kw):
     status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
                                    model_deployment(ns, name, replicas, **kw))
     assert status == 201, body
     return body
 
-
-def run(cluster, fn):
-    async def go():
-        kube = await Kube.connect(cluster.kubeconfig)
-        try:
-            return await fn(kube)
-        finally:
-            await kube.close()
-
-    return asyncio.run(go())
 
 
 def replicas_of(cluster, ns, name="model"):
@@ -48,7 +40,7 @@ def test_scale_subresource_within_bounds(cluster, namespace):
         assert await actuator.scale(50) == (5, 6)  # clamped to the bound
         assert await actuator.scale(0) == (6, 1)
 
-    run(cluster, go)
+    with_kube(cluster, go)
     assert replicas_of(cluster, ns) == 1
 
 
@@ -73,7 +65,7 @@ def test_scale_conflict_is_retried_on_fresh_state(cluster, namespace):
         result = await actuator.scale(8)
         return raced["count"], result
 
-    raced, result = run(cluster, go)
+    raced, result = with_kube(cluster, go)
     assert raced == 1 and result == (3, 8)
     assert replicas_of(cluster, ns) == 8
 
@@ -106,7 +98,7 @@ def test_cluster_state_learns_startup_durations(cluster, namespace):
         again = await reader.read(time.time())
         return state, learned, again
 
-    state, learned, again = run(cluster, go)
+    state, learned, again = with_kube(cluster, go)
     assert state.spec_replicas == 3 and state.ready_replicas == 3 and state.starting_replicas == 0
     # one duration per pod, each reported once, close to kwok's 3 s ready delay
     assert len(learned) == 3 and all(2.5 <= d <= 15.0 for d in learned)
@@ -149,7 +141,7 @@ def test_placeholder_copies_the_replica_shape(cluster, namespace):
             await asyncio.sleep(0.5)
         return state
 
-    state = run(cluster, go)
+    state = with_kube(cluster, go)
     assert state.warm_slots_ready == 4
     status, pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/model-warm")
     spec = pool["spec"]["template"]["spec"]
@@ -175,7 +167,7 @@ def test_warm_pool_refuses_a_deployment_it_does_not_own(cluster, namespace):
         with pytest.raises(PermanentError, match="not ours"):
             await pool.ensure(await reader.pod_template(), 1)
 
-    run(cluster, go)
+    with_kube(cluster, go)
     assert replicas_of(cluster, ns, "model-warm") == 2
 
 
@@ -188,7 +180,7 @@ def test_scaling_event_carries_the_reasons(cluster, namespace):
         await recorder.scaled(before=2, after=5, reasons=("predictive: 5 replicas for upper forecast 80 req/s",),
                               now=time.time())
 
-    run(cluster, go)
+    with_kube(cluster, go)
     status, events = cluster.request("GET", f"/api/v1/namespaces/{ns}/events")
     assert status == 200
     [event] = [e for e in events["items"] if e.get("reportingComponent") == "inference-autoscaler"]
@@ -231,7 +223,7 @@ def test_leader_election_one_acts_the_other_takes_over(cluster, namespace):
         took_over = await c.try_acquire_or_renew()
         return both, after_release, took_over
 
-    both, after_release, took_over = run(cluster, go)
+    both, after_release, took_over = with_kube(cluster, go)
     assert both == (True, False)
     assert after_release == (False, True)
     assert took_over
@@ -265,7 +257,7 @@ def test_cluster_state_tells_waiting_for_a_node_from_no_node_coming(cluster, nam
         told = await reader.read(time.time())
         return state, told
 
-    waiting, told = run(cluster, go)
+    waiting, told = with_kube(cluster, go)
     assert waiting.unschedulable_pods == 1 and waiting.no_capacity_pods == 0  # the scheduler's own word only
     assert told.unschedulable_pods == 1 and told.no_capacity_pods == 1
     assert told.no_capacity_reason.startswith("karpenter: Failed to schedule pod") and told.oldest_unschedulable_s >= 0

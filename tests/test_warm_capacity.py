@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
 from loadtest.kube.controlplane import control_plane
 from loadtest.kube.karpenter import POOL, POOL_LABEL, karpenter
+
+from helpers import with_kube
 
 NODE_START_S = 4.0
 
@@ -35,16 +36,6 @@ def model(ns: str, replicas: int) -> dict:
                     "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "32Gi"},
                                   "limits": {"nvidia.com/gpu": "1"}}}]}}}}
 
-
-def run(cp, fn):
-    async def go():
-        kube = await Kube.connect(cp.kubeconfig)
-        try:
-            return await fn(kube)
-        finally:
-            await kube.close()
-
-    return asyncio.run(go())
 
 
 async def until(predicate, timeout_s=60.0):
@@ -96,7 +87,7 @@ def test_capacity_buffer_keeps_room_for_replicas(provisioned):
         state = await until(lambda: _warm(reader, 2))
         return state
 
-    state = run(cp, go)
+    state = with_kube(cp, go)
     assert state.warm_slots_ready == 2  # Karpenter: "all 2 virtual pods fit on existing capacity"
     # (existing capacity includes NodeClaims still launching: wait for the nodes themselves)
     nodes = ready_nodes(karp, at_least=3)  # one for the replica, room for two more
@@ -119,7 +110,7 @@ def test_placeholders_are_preempted_and_get_new_nodes(provisioned):
         await pool.ensure(await reader.pod_template(), 2)
         return await until(lambda: _warm(reader, 2)), pool, reader
 
-    state, _, _ = run(cp, go)
+    state, _, _ = with_kube(cp, go)
     assert state.warm_slots_ready == 2
     nodes = ready_nodes(karp, at_least=1)
     seconds, on_existing = scheduled_without_new_nodes(cp, karp, ns, nodes)
@@ -133,7 +124,7 @@ def test_placeholders_are_preempted_and_get_new_nodes(provisioned):
         reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool)
         return await until(lambda: _warm(reader, 2), timeout_s=60)
 
-    assert run(cp, refilled).warm_slots_ready == 2  # the preempted placeholders got new nodes
+    assert with_kube(cp, refilled).warm_slots_ready == 2  # the preempted placeholders got new nodes
 
 
 async def _ready(reader, n):

@@ -24,11 +24,11 @@ from autoscaler.errors import PermanentError
 from autoscaler.kube.capacity import LIVE, Shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, parse_quantity
+from autoscaler.kube.warmpool import WARM_POOL_LABEL
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-WARM_POOL_LABEL = "inference-autoscaler/warm-pool"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import structlog
 
 from autoscaler.errors import EdgeError
 from autoscaler.kube.client import Kube
-from autoscaler.kube.quantity import effective_resources, parse_quantity
+from autoscaler.kube.quantity import effective_resources, field_of, parse_quantity
 
 log = structlog.get_logger("autoscaler")
 
@@ -34,8 +34,9 @@ NODE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "nvidia.com/gpu.product"
 LIVE = "status.phase!=Succeeded,status.phase!=Failed"
 
 
-def _get(obj, name: str):
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+def is_gpu_resource(name: str) -> bool:
+    """A GPU-like extended resource: whole GPUs, MIG slices, other vendors' accelerators."""
+    return name in GPU_RESOURCES or name.startswith(GPU_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -55,25 +56,25 @@ class Shape:
 def replica_shape(template, gpu_resource: str | None = None) -> Shape:
     requests, _ = effective_resources(template.spec)
     if gpu_resource is None:
-        gpu_resource = next((k for k in requests if k in GPU_RESOURCES or k.startswith(GPU_PREFIXES)), None)
+        gpu_resource = next((k for k in requests if is_gpu_resource(k)), None)
     gpus = requests.get(gpu_resource, Decimal(0)) if gpu_resource else Decimal(0)
     return Shape(requests=requests, gpu_resource=gpu_resource if gpus > 0 else None, gpus=gpus)
 
 
 def _tolerates(tolerations, taint) -> bool:
     for t in tolerations or []:
-        effect, key, op = _get(t, "effect"), _get(t, "key"), _get(t, "operator") or "Equal"
-        if effect and effect != _get(taint, "effect"):
+        effect, key, op = field_of(t, "effect"), field_of(t, "key"), field_of(t, "operator") or "Equal"
+        if effect and effect != field_of(taint, "effect"):
             continue
-        if op == "Exists" and (not key or key == _get(taint, "key")):
+        if op == "Exists" and (not key or key == field_of(taint, "key")):
             return True
-        if op == "Equal" and key == _get(taint, "key") and (_get(t, "value") or "") == (_get(taint, "value") or ""):
+        if op == "Equal" and key == field_of(taint, "key") and (field_of(t, "value") or "") == (field_of(taint, "value") or ""):
             return True
     return False
 
 
 def _expression_holds(expr, labels: dict[str, str]) -> bool:
-    key, op, values = _get(expr, "key"), _get(expr, "operator"), _get(expr, "values") or []
+    key, op, values = field_of(expr, "key"), field_of(expr, "operator"), field_of(expr, "values") or []
     if op == "In":
         return labels.get(key) in values
     if op == "NotIn":

@@ -17,9 +17,10 @@
 
 from __future__ import annotations
 
-from autoscaler.kube.budget import WARM_POOL_LABEL, BudgetReader
+from autoscaler.kube.budget import BudgetReader
 from autoscaler.kube.capacity import NodeReader, replica_shape
 from autoscaler.kube.client import Kube, object_time
+from autoscaler.kube.warmpool import WARM_POOL_LABEL
 from policies.types import ClusterState
 
 SCHEDULER = "default-scheduler"

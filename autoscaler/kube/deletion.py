@@ -50,6 +50,7 @@ from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence
 import structlog
 
 from autoscaler.errors import EdgeError, PermanentError, TransientError
+from autoscaler.kube.capacity import is_gpu_resource
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources
 
@@ -63,9 +64,6 @@ IN_FLIGHT_SPAN = 10_000  # per GPU of node usage: room for 9_998 requests in fli
 UNKNOWN_IN_FLIGHT = IN_FLIGHT_SPAN - 1
 MAX_USAGE = INT32_MAX // IN_FLIGHT_SPAN - 1  # 214_747 GPUs on one node: never reached, but stays in range
 PATCH_CONCURRENCY = 8
-# GPU resources counted as a node's usage (a MIG slice counts as one: the order, not the sum, matters).
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-GPU_PREFIXES = ("nvidia.com/mig-", "gpu.intel.com/")
 # Taints a node provisioner puts on a node it is about to remove (Karpenter v1 and before, the cluster-autoscaler).
 LEAVING_TAINTS = ("karpenter.sh/disrupted", "karpenter.sh/disruption", "ToBeDeletedByClusterAutoscaler")
 
@@ -123,8 +121,9 @@ def node_leaving(node) -> bool:
 
 
 def pod_gpus(pod_spec) -> Decimal:
+    """GPU-like resources a pod requests, summed (a MIG slice counts as one: the order, not the sum, matters)."""
     requests, _ = effective_resources(pod_spec)
-    return sum((v for k, v in requests.items() if k in GPU_RESOURCES or k.startswith(GPU_PREFIXES)), Decimal(0))
+    return sum((v for k, v in requests.items() if is_gpu_resource(k)), Decimal(0))
 
 
 def _live(pod) -> bool:

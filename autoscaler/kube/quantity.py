@@ -57,16 +57,17 @@ def _add(total: dict[str, Decimal], resources: dict | None) -> None:
         total[key] = total.get(key, Decimal(0)) + parse_quantity(value)
 
 
-def _field(obj, name: str):
+def field_of(obj, name: str):
+    """A field of an API object or of a dict with snake_case keys."""
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def _of(container, kind: str) -> dict | None:
-    resources = _field(container, "resources")
+    resources = field_of(container, "resources")
     if kind == "limits":
-        return _field(resources, "limits")
+        return field_of(resources, "limits")
     # a resource with a limit and no request is requested at its limit (Kubernetes defaulting)
-    return {**(_field(resources, "limits") or {}), **(_field(resources, "requests") or {})}
+    return {**(field_of(resources, "limits") or {}), **(field_of(resources, "requests") or {})}
 
 
 def effective_resources(pod_spec) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
@@ -77,12 +78,12 @@ def effective_resources(pod_spec) -> tuple[dict[str, Decimal], dict[str, Decimal
         running: dict[str, Decimal] = {}
         init_peak: dict[str, Decimal] = {}
         sidecars: dict[str, Decimal] = {}
-        for container in _field(pod_spec, "containers") or []:
+        for container in field_of(pod_spec, "containers") or []:
             _add(running, _of(container, kind))
-        for container in _field(pod_spec, "init_containers") or []:
+        for container in field_of(pod_spec, "init_containers") or []:
             one: dict[str, Decimal] = {}
             _add(one, _of(container, kind))
-            if _field(container, "restart_policy") == "Always":  # a sidecar runs alongside
+            if field_of(container, "restart_policy") == "Always":  # a sidecar runs alongside
                 _add(sidecars, {k: str(v) for k, v in one.items()})
                 continue
             for key, value in one.items():  # a regular init container runs alone, with the sidecars before it
@@ -90,7 +91,7 @@ def effective_resources(pod_spec) -> tuple[dict[str, Decimal], dict[str, Decimal
         for key, value in sidecars.items():
             running[key] = running.get(key, Decimal(0)) + value
         total = {k: max(running.get(k, Decimal(0)), init_peak.get(k, Decimal(0))) for k in running | init_peak}
-        for key, value in (_field(pod_spec, "overhead") or {}).items():
+        for key, value in (field_of(pod_spec, "overhead") or {}).items():
             if kind == "requests" or key in total:  # overhead raises a limit only where one is set
                 total[key] = total.get(key, Decimal(0)) + parse_quantity(value)
         result.append(total)

@@ -27,6 +27,7 @@ from autoscaler.kube.client import Kube, with_backoff
 from autoscaler.kube.quantity import effective_resources, format_quantity
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "inference-autoscaler"}
+WARM_POOL_LABEL = "inference-autoscaler/warm-pool"  # value: the pool's name
 NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
 
 
@@ -38,7 +39,7 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
     # The scheduler places by requests; extended resources (GPUs, MIG slices) must also be limited to the
     # same amount. CPU and memory get no limit: the pause container uses neither.
     limits = {k: v for k, v in requests.items() if not k.startswith(NATIVE)}
-    labels = {"inference-autoscaler/warm-pool": name, **MANAGED_BY}
+    labels = {WARM_POOL_LABEL: name, **MANAGED_BY}
     pod_spec: dict = {
         "priorityClassName": priority_class,
         "terminationGracePeriodSeconds": 0,
@@ -64,7 +65,7 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
         "spec": {
-            "selector": {"matchLabels": {"inference-autoscaler/warm-pool": name}},
+            "selector": {"matchLabels": {WARM_POOL_LABEL: name}},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
