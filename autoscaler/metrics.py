@@ -29,6 +29,9 @@ class ControllerMetrics:
         self.forecast = Gauge("autoscaler_forecast_requests_per_second", "Forecast demand at now + lead time",
                               ["bound"], registry=r)
         self.lead = Gauge("autoscaler_lead_time_seconds", "Learned lead time", registry=r)
+        self.node_provisioning = Gauge("autoscaler_node_provisioning_seconds", "Node provisioning time the lead "
+                                       "time counts when no slot is free (learned from pod waits, or the default)",
+                                       registry=r)
         self.valid = Gauge("autoscaler_decision_valid", "1 if the last decision was valid", registry=r)
         self.leader = Gauge("autoscaler_is_leader", "1 while this replica holds the Lease", registry=r)
         self.loop = Histogram("autoscaler_loop_duration_seconds", "Duration of one tick",
@@ -63,3 +66,5 @@ class ControllerMetrics:
                 self.cost.set(cluster.gpu_cost_per_hour)
         if decision.lead_time_s is not None:
             self.lead.set(decision.lead_time_s)
+        if decision.node_provisioning_s is not None:
+            self.node_provisioning.set(decision.node_provisioning_s)

@@ -110,10 +110,18 @@ def meets(row: dict, classes: tuple[str, ...], sheddable: tuple[str, ...]) -> bo
             and all(row["shed_by_class"][c] <= MAX_SHED for c in sheddable))
 
 
-def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]) -> list[str]:
+def billed(cluster: ClusterModel) -> tuple[str, str]:
+    """What policies are compared on (a row's key) and its unit: GPU-hours of the replicas on one-GPU nodes,
+    else node GPU-hours (a node is paid for all its GPUs, used or not, until it is removed)."""
+    return ("node_gpu_hours", "node GPU-h") if cluster.gpus_per_node > 1 else ("gpu_hours", "GPU-h")
+
+
+def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...], *,
+            cluster: ClusterModel | None = None) -> list[str]:
     ours = next((r for r in rows if r["policy"] == "predictive"), None)
     if ours is None:
         return []
+    key, unit = billed(cluster or ClusterModel())
     lines = []
     a = ours["slo_attainment"]
     wanted = targets(classes, sheddable)
@@ -126,15 +134,18 @@ def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ..
             continue
         same = all(row["slo_attainment"][c] >= ours["slo_attainment"][c] for c in wanted)
         if same:
-            cheaper = ours["gpu_hours"] < row["gpu_hours"]
+            cheaper = ours[key] < row[key]
             lines.append(
-                f"vs {row['policy']} (reaches our attainment): {ours['gpu_hours']:.1f} vs {row['gpu_hours']:.1f} "
-                f"GPU-h -> {'fewer' if cheaper else 'NOT fewer'}"
+                f"vs {row['policy']} (reaches our attainment): {ours[key]:.1f} vs {row[key]:.1f} "
+                f"{unit} -> {'fewer' if cheaper else 'NOT fewer'}"
             )
         else:
             lines.append(f"vs {row['policy']}: does not reach our attainment")
-    if ours["gpu_hours_vs_clairvoyant"] is not None:
-        lines.append(f"GPU-hours vs clairvoyant: {ours['gpu_hours_vs_clairvoyant']:.3f}x (aim <= 1.25x)")
+    clairvoyant = next((r for r in rows if r["policy"] == "clairvoyant"), None)
+    ratio = ours["gpu_hours_vs_clairvoyant"] if key == "gpu_hours" else (
+        round(ours[key] / clairvoyant[key], 3) if clairvoyant is not None and clairvoyant[key] else None)
+    if ratio is not None:
+        lines.append(f"{unit.replace('GPU-h', 'GPU-hours')} vs clairvoyant: {ratio:.3f}x (aim <= 1.25x)")
     return lines
 
 
@@ -345,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             f"predictive decide(): median {statistics.median(ours.decide_s) * 1e3:.3f} ms over {len(ours.decide_s)} "
             f"ticks; median excluding {sum(ours.refit)} scheduled refits {statistics.median(steady) * 1e3:.3f} ms"
         )
-        for line in verdict(rows, classes, sheddable):
+        for line in verdict(rows, classes, sheddable, cluster=config.cluster):
             print(line)
     return 0
 

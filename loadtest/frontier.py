@@ -9,7 +9,8 @@ ours at `capacity_ratio` 0.6-1.5 (the multiple of what the queueing model asks f
 the floor once.
 Points run in parallel processes.
 
-`gpu_hours_at_target`: the fewest GPU-hours at which a policy meets the class targets (the highest class
+`gpu_hours_at_target`: the fewest GPU-hours (node GPU-hours when a node has more than one GPU, see
+`bench.billed`; the document's `measure` says which) at which a policy meets the class targets (the highest class
 >= 99.9 %, the other unshed classes >= 99 %, sheddable shed <= 5 %). Over the points ordered by GPU-hours,
 the target is met first between a point that misses and one that meets: the GPU-hours there are
 interpolated linearly on the binding margin (the smallest of attainment - target and 5 % - shed). "never"
@@ -76,19 +77,20 @@ def margin(row: dict, targets: dict[str, float], sheddable: tuple[str, ...], max
     return min(parts)
 
 
-def at_target(points: list[dict], targets: dict[str, float], sheddable: tuple[str, ...], max_shed: float) -> float | None:
-    ordered = sorted(points, key=lambda p: p["gpu_hours"])
+def at_target(points: list[dict], targets: dict[str, float], sheddable: tuple[str, ...], max_shed: float,
+              key: str = "gpu_hours") -> float | None:
+    ordered = sorted(points, key=lambda p: p[key])
     for i, p in enumerate(ordered):
         m = margin(p, targets, sheddable, max_shed)
         if m < 0:
             continue
         below = [q for q in ordered[:i] if margin(q, targets, sheddable, max_shed) < 0]
         if not below:
-            return round(p["gpu_hours"], 3)
+            return round(p[key], 3)
         q = below[-1]
         mq = margin(q, targets, sheddable, max_shed)
         share = -mq / (m - mq) if m != mq else 1.0
-        return round(q["gpu_hours"] + share * (p["gpu_hours"] - q["gpu_hours"]), 3)
+        return round(q[key] + share * (p[key] - q[key]), 3)
     return None
 
 
@@ -104,7 +106,7 @@ def sweep(args: argparse.Namespace, setup, names: tuple[str, ...]) -> dict[str, 
 
 
 def plot(path: str, frontier: dict[str, list[dict]], at: dict[str, float | None], *, title: str, floor: float,
-         top: str, targets: dict[str, float]) -> None:
+         top: str, targets: dict[str, float], key: str = "gpu_hours", unit: str = "GPU-h") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,16 +115,16 @@ def plot(path: str, frontier: dict[str, list[dict]], at: dict[str, float | None]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, cls in zip(axes, list(targets)[:2]):
         for name, points in frontier.items():
-            ordered = sorted(points, key=lambda p: p["gpu_hours"])
-            xs = [p["gpu_hours"] for p in ordered]
+            ordered = sorted(points, key=lambda p: p[key])
+            xs = [p[key] for p in ordered]
             ys = [100 * p["slo_attainment"][cls] for p in ordered]
-            label = f"{name} (at target: {at[name]:.0f} GPU-h)" if at.get(name) is not None else f"{name} (never)"
+            label = f"{name} (at target: {at[name]:.0f} {unit})" if at.get(name) is not None else f"{name} (never)"
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
         ax.axhline(100 * targets[cls], color="grey", linestyle="--", linewidth=0.8)
         ax.axvline(floor, color="black", linestyle=":", linewidth=0.8, label=f"floor {floor:.0f} GPU-h")
         ax.set_xscale("log")
         ax.set_ylim(max(0, 100 * targets[cls] - 10), 100.2)
-        ax.set_xlabel("GPU-hours (log)")
+        ax.set_xlabel(f"{unit} (log)")
         ax.set_ylabel(f"{cls} within SLO (%)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower right")
@@ -133,39 +135,40 @@ def plot(path: str, frontier: dict[str, list[dict]], at: dict[str, float | None]
 
 
 def frontier_main(args: argparse.Namespace, setup) -> int:
-    from loadtest.bench import MAX_SHED, floor_gpu_hours, targets
+    from loadtest.bench import MAX_SHED, billed, floor_gpu_hours, targets
 
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)
     frontier = sweep(args, setup, names)
     wanted = targets(setup.classes, setup.sheddable)
-    at = {name: at_target(points, wanted, setup.sheddable, MAX_SHED) for name, points in frontier.items()}
+    key, unit = billed(setup.config.cluster)
+    at = {name: at_target(points, wanted, setup.sheddable, MAX_SHED, key) for name, points in frontier.items()}
     floor = floor_gpu_hours(setup.workload, setup.config)
-    clairvoyant = frontier["clairvoyant"][0]["gpu_hours"] if frontier.get("clairvoyant") else None
+    clairvoyant = frontier["clairvoyant"][0][key] if frontier.get("clairvoyant") else None
     doc = {
-        "trace": setup.workload.name, "replica_bound": setup.bound, "floor_gpu_hours": round(floor, 3),
+        "trace": setup.workload.name, "replica_bound": setup.bound, "measure": key, "floor_gpu_hours": round(floor, 3),
         "clairvoyant_gpu_hours": clairvoyant, "frontier": frontier, "gpu_hours_at_target": at,
         "vs_floor": {n: (round(v / floor, 3) if v is not None and floor else None) for n, v in at.items()},
         "vs_clairvoyant": {n: (round(v / clairvoyant, 3) if v is not None and clairvoyant else None)
                            for n, v in at.items()},
     }
     if args.frontier_png:
-        plot(args.frontier_png, frontier, at, title=f"{setup.workload.name}: attainment against GPU-hours",
-             floor=floor, top=setup.classes[0], targets=wanted)
+        plot(args.frontier_png, frontier, at, title=f"{setup.workload.name}: attainment against {unit}",
+             floor=floor, top=setup.classes[0], targets=wanted, key=key, unit=unit)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"trace {setup.workload.name}: floor {floor:.2f} GPU-h, clairvoyant {clairvoyant:.2f} GPU-h, "
+    print(f"trace {setup.workload.name}: floor {floor:.2f} GPU-h, clairvoyant {clairvoyant:.2f} {unit}, "
           f"replica bound {setup.bound}")
-    print(f"{'policy':<12} {'knob':<22} {'GPU-h at target':>16} {'x floor':>8} {'x clairv':>9}  points (value: GPU-h crit%)")
+    print(f"{'policy':<12} {'knob':<22} {unit + ' at target':>16} {'x floor':>8} {'x clairv':>9}  points (value: {unit} crit%)")
     for name, points in frontier.items():
         value = at[name]
         shown = f"{value:.2f}" if value is not None else "never"
         ratio_f = f"{value / floor:.2f}" if value is not None and floor else "-"
         ratio_c = f"{value / clairvoyant:.3f}" if value is not None and clairvoyant else "-"
-        pts = "; ".join(f"{p['value']:g}: {p['gpu_hours']:.0f} {100 * p['slo_attainment'][setup.classes[0]]:.2f}"
-                        if p["value"] is not None else f"{p['gpu_hours']:.0f} {100 * p['slo_attainment'][setup.classes[0]]:.2f}"
-                        for p in sorted(points, key=lambda p: p["gpu_hours"]))
+        pts = "; ".join(f"{p['value']:g}: {p[key]:.0f} {100 * p['slo_attainment'][setup.classes[0]]:.2f}"
+                        if p["value"] is not None else f"{p[key]:.0f} {100 * p['slo_attainment'][setup.classes[0]]:.2f}"
+                        for p in sorted(points, key=lambda p: p[key]))
         print(f"{name:<12} {str(policyset.KNOBS.get(name, '-')):<22} {shown:>16} {ratio_f:>8} {ratio_c:>9}  {pts}")
     return 0

@@ -25,7 +25,7 @@ from policies.stages.capacity import unplaceable
 from policies.stages.combine import combine, confirm_window_s, remember_reactive
 from policies.stages.feedback import slo_feedback
 from policies.stages.growth import growth_risk
-from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
+from policies.stages.leadtime import lead_time_s, node_provisioning_s, remember_node_waits, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import blocks_scale_down, present, sanitize
 from policies.stages.shedding import protected_share, saturation_depths, shed_levels
@@ -72,15 +72,21 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
     service_s = learn_service_time(spec, state.service_time_s, clean)
     forecast_state = fc.observe(spec, state.forecast, clean.arrival_rate_per_s, now)
     samples = remember_startups(spec, state.startup_samples_s, clean)
-    state = replace(state, service_time_s=service_s, forecast=forecast_state, startup_samples_s=samples)
+    waits = remember_node_waits(spec, state.node_wait_samples_s, clean)
+    state = replace(state, service_time_s=service_s, forecast=forecast_state, startup_samples_s=samples,
+                    node_wait_samples_s=waits)
     service_s = service_s or spec.initial_service_time_s
 
     if clean.arrival_rate_per_s is None and clean.in_flight is None:
         return _hold(current, state, "no demand signal (arrival rate and in-flight both unusable)", dropped)
 
     startup = startup_s(spec, samples)
-    lead = lead_time_s(spec, startup, cluster.warm_slots_ready + cluster.idle_slots)
+    node_s, node_why = node_provisioning_s(spec, waits)
+    lead = lead_time_s(spec, startup, cluster.warm_slots_ready + cluster.idle_slots, node_s)
     reasons: list[str] = []
+    if lead > startup:
+        reasons.append(f"lead time: start-up {startup:.0f} s + node provisioning {node_s:.0f} s ({node_why}); "
+                       f"no warm or idle slot free")
     if fc.outage_held(spec, forecast_state, now):
         reasons.append(
             f"forecast: arrivals {clean.arrival_rate_per_s or 0:.1f} req/s, far below the expected "
@@ -140,16 +146,16 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         reasons.append("hold: not scaling down while demand signals are missing")
     reasons += [f"dropped {d}" for d in dropped]
 
-    peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + spec.node_provisioning_s,
+    peak = fc.forecast(spec, forecast_state, now=now, start_s=0.0, end_s=startup + node_s,
                        quantiles=quantiles)
     peak_n = replicas_for_rate(spec, peak[1] * sizing, service_s) if peak else None
     if state.growth_risk is None or state.growth_risk_for_s != forecast_state.bucket_start_s:
-        state = replace(state, growth_risk=growth_risk(spec, forecast_state, now),
+        state = replace(state, growth_risk=growth_risk(spec, forecast_state, now, node_s),
                         growth_risk_for_s=forecast_state.bucket_start_s)
     risk, risk_why = state.growth_risk
     level = fc.level_now(forecast_state, clean.arrival_rate_per_s)
     risk_n = replicas_for_rate(spec, level * (1.0 + risk) * sizing, service_s) if level > 0 else None
-    stuck, why = unplaceable(spec, cluster)
+    stuck, why = unplaceable(spec, cluster, node_s)
     reasons += why
     warm, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n,
                            risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=cluster.idle_slots)
@@ -175,6 +181,7 @@ def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -
         forecast_rate_per_s=predicted[0] if predicted else None,
         forecast_upper_rate_per_s=predicted[1] if predicted else None,
         lead_time_s=lead,
+        node_provisioning_s=node_s,
         refitted=refitted,
         unplaceable_replicas=stuck,
         capped_by_budget=capped,

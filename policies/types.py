@@ -52,8 +52,11 @@ class ClusterState:
     # reported with the decision, not used to size it.
     gpus_held: float = 0.0
     gpu_cost_per_hour: float | None = None
-    # Creation -> Ready durations of pods that became Ready since the previous tick.
+    # Placement -> Ready durations of pods that became Ready since the previous tick.
     startup_durations_s: tuple[float, ...] = ()
+    # (node type, creation -> placement) of pods placed since the previous tick on a node created after them:
+    # what waiting for a new node cost a replica (see stages/leadtime.py).
+    node_waits_s: tuple[tuple[str, float], ...] = ()
     at_s: float = 0.0
 
 
@@ -141,6 +144,7 @@ class PolicyState:
     reactive_recent: tuple[tuple[float, int], ...] = ()
     last_counter: tuple[float, float] | None = None  # (value, at_s) of arrivals_total
     startup_samples_s: tuple[float, ...] = ()
+    node_wait_samples_s: tuple[tuple[str, float], ...] = ()  # (node type, seconds), the most recent
     service_time_s: float | None = None
     forecast: ForecastState = field(default_factory=ForecastState)
     shed: Mapping[str, float] = field(default_factory=dict)
@@ -169,6 +173,8 @@ class Decision:
     forecast_rate_per_s: float | None = None
     forecast_upper_rate_per_s: float | None = None
     lead_time_s: float | None = None
+    # Node provisioning time the lead time counts when no slot is free (learned, or the configured default).
+    node_provisioning_s: float | None = None
     # True on the tick the forecaster was refitted by statsmodels (the expensive tick), for profiling.
     refitted: bool = False
     # Ordered replicas the node provisioner cannot place (see stages/capacity.py).

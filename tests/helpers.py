@@ -28,6 +28,7 @@ def signals(
     ready: int | None = None,
     warm: int = 0,
     startups: tuple[float, ...] = (),
+    node_waits: tuple[tuple[str, float], ...] = (),
     by_priority: dict | None = None,
     age: float = 0.0,
 ) -> Signals:
@@ -43,6 +44,7 @@ def signals(
             starting_replicas=spec_replicas - (spec_replicas if ready is None else ready),
             warm_slots_ready=warm,
             startup_durations_s=startups,
+            node_waits_s=node_waits,
             at_s=now,
         ),
         queue_depth=s(queue),

@@ -131,3 +131,29 @@ def test_the_cluster_shape_and_price_give_node_gpu_hours_and_cost(capsys):
 def test_an_impossible_shape_or_price_is_a_clear_error(flags, words, capsys):
     assert main(["--policies", "static", *flags]) == 2
     assert words in capsys.readouterr().err
+
+
+def _row(policy, gpu_hours, node_gpu_hours, attainment=0.9995):
+    return {"policy": policy, "slo_attainment": {"critical": attainment, "standard": attainment, "sheddable": 0.9},
+            "shed_by_class": {"sheddable": 0.01}, "gpu_hours": gpu_hours, "node_gpu_hours": node_gpu_hours,
+            "gpu_hours_vs_clairvoyant": None}
+
+
+def test_on_multi_gpu_nodes_the_verdict_and_the_frontier_compare_what_nodes_cost():
+    """Fewer replica GPU-hours but more node GPU-hours (replicas scattered over half-used nodes) is not
+    cheaper when a node is paid for whole."""
+    from autoscaler.sim.cluster import ClusterModel
+    from loadtest.bench import verdict
+    from loadtest.frontier import at_target
+
+    rows = [_row("predictive", 100.0, 140.0), _row("static", 110.0, 120.0), _row("clairvoyant", 90.0, 100.0)]
+    classes, sheddable = ("critical", "standard", "sheddable"), ("sheddable",)
+    nodes = verdict(rows, classes, sheddable, cluster=ClusterModel(gpus_per_replica=4, gpus_per_node=8))
+    assert "vs static (reaches our attainment): 140.0 vs 120.0 node GPU-h -> NOT fewer" in nodes
+    assert "node GPU-hours vs clairvoyant: 1.400x (aim <= 1.25x)" in nodes
+    replicas = verdict(rows, classes, sheddable, cluster=ClusterModel())
+    assert "vs static (reaches our attainment): 100.0 vs 110.0 GPU-h -> fewer" in replicas
+    points = [_row("x", 100.0, 140.0), _row("x", 90.0, 150.0, attainment=0.99)]
+    wanted = {"critical": 0.999, "standard": 0.99}
+    assert at_target(points, wanted, sheddable, 0.05) == pytest.approx(99.474)  # between the miss at 90 and 100
+    assert at_target(points, wanted, sheddable, 0.05, "node_gpu_hours") == 140.0  # the miss costs more nodes

@@ -222,3 +222,37 @@ def test_a_namespace_cap_counts_other_pods_and_a_missing_local_queue_holds(clust
     assert state.budget_replicas == 2  # (12 - 2 used by the batch pod) // 4
     assert "- 2 used by other pods" in state.budget_reason
     assert error is not None and "LocalQueue" in error and "nowhere" in error
+
+
+def test_a_pod_that_waited_for_a_new_node_teaches_node_provisioning_by_node_type(cluster, namespace, pool_nodes):
+    """No node fits the replica at first, so its pod waits; a g6e.12xlarge node (8 GPUs) is added 3 s later and
+    the scheduler places the pod there. That wait is learned with the node's type. The second replica lands on
+    room the node already had and teaches nothing; a restarted controller (a fresh reader) gets the wait back."""
+    ns = namespace
+    deploy(cluster, ns, replicas=1)
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+        waits = []
+
+        async def read():
+            state = await reader.read(time.time())
+            waits.extend(state.node_waits_s)
+            return state
+
+        await until(read, lambda s: s.unschedulable_pods == 1)
+        await asyncio.sleep(3)
+        pool_nodes(count=1, instance_type="g6e.12xlarge")
+        await until(read, lambda s: s.ready_replicas == 1)
+        first = list(waits)
+        status, _ = cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model",
+                                    {"spec": {"replicas": 2}})
+        assert status == 200
+        await until(read, lambda s: s.ready_replicas == 2)
+        restarted = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+        return first, list(waits), (await restarted.read(time.time())).node_waits_s
+
+    first, after_second, restarted = with_kube(cluster, go)
+    assert len(first) == 1 and first[0][0] == "g6e.12xlarge" and 3.0 <= first[0][1] <= 30.0, first
+    assert after_second == first  # the second pod found room on a node that was there before it
+    assert list(restarted) == first

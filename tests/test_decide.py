@@ -108,6 +108,21 @@ def test_learned_startup_extends_the_lead_time(spec):
     assert d2.lead_time_s == d1.lead_time_s + spec.node_provisioning_s
 
 
+def test_learned_node_waits_replace_the_default_node_provisioning(spec):
+    state = initial_state()
+    d0, state = decide(spec, state, signals(0.0, warm=0), 0.0)
+    assert d0.node_provisioning_s == spec.node_provisioning_s
+    assert d0.lead_time_s == spec.default_startup_s + spec.node_provisioning_s
+    waits = (("p4d.24xlarge", 700.0), ("p4d.24xlarge", 650.0))
+    d1, state = decide(spec, state, signals(15.0, warm=0, node_waits=waits), 15.0)
+    assert d1.node_provisioning_s == 700.0
+    assert d1.lead_time_s == spec.default_startup_s + 700.0
+    assert any(r.startswith("lead time:") and "2 pod waits for a new p4d.24xlarge node" in r for r in d1.reasons)
+    d2, state = decide(spec, state, signals(30.0, warm=1), 30.0)  # remembered; a free slot needs no node
+    assert d2.node_provisioning_s == 700.0 and d2.lead_time_s == spec.default_startup_s
+    assert not any(r.startswith("lead time:") for r in d2.reasons)
+
+
 def test_every_decision_explains_itself(spec):
     decisions, _ = run(spec, [(i * 15.0, signals(i * 15.0, rate=10.0 + i, spec_replicas=4)) for i in range(30)])
     assert all(d.reasons for d in decisions)

@@ -96,6 +96,25 @@ def test_lead_time_learns_a_high_percentile_and_adds_node_provisioning(spec):
     assert lead_time_s(spec, 190.0, free_slots=2) == 190.0
 
 
+def test_node_provisioning_is_learned_per_node_type_and_the_slowest_type_counts(spec):
+    from policies.stages.leadtime import node_provisioning_s, remember_node_waits
+
+    default, why = node_provisioning_s(spec, ())
+    assert default == spec.node_provisioning_s and "no pod has waited" in why
+    samples = ()
+    waits = tuple(("g5.xlarge", float(d)) for d in range(60, 160, 10)) + (("p5.48xlarge", 600.0), ("p5.48xlarge", 700.0))
+    for w in waits + (("g5.xlarge", -1.0), ("g5.xlarge", 1e9)):  # impossible durations are not samples
+        clean, _ = sanitize(spec, signals(0.0, node_waits=(w,)), None, 0.0)
+        samples = remember_node_waits(spec, samples, clean)
+    assert len(samples) == len(waits)
+    learned, why = node_provisioning_s(spec, samples)
+    assert learned == 700.0 and "2 pod waits for a new p5.48xlarge node, the slowest of 2 node types" in why
+    g5_only = tuple(w for w in samples if w[0] == "g5.xlarge")
+    assert node_provisioning_s(spec, g5_only)[0] == 150.0  # p90 of 60..150
+    assert lead_time_s(spec, 100.0, free_slots=0, node_s=150.0) == 250.0
+    assert lead_time_s(spec, 100.0, free_slots=1, node_s=150.0) == 100.0
+
+
 # -- forecast ---------------------------------------------------------------------------------------------
 def _feed(spec, rates, tick=15.0, start=0.0):
     fs = ForecastState()
@@ -378,6 +397,7 @@ def test_replicas_that_cannot_get_a_node_are_named_and_the_warm_pool_yields():
                            at_s=0.0)
     count, reasons = unplaceable(spec, overdue)
     assert count == 3 and "waiting for a node for 1000 s" in reasons[0]
+    assert unplaceable(spec, overdue, node_s=400.0)[0] == 0  # learned: nodes take 400 s here, 1000 s is not 3x
 
 
 def test_burst_episodes_closer_than_a_start_up_are_one():

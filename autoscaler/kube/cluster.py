@@ -11,6 +11,8 @@
   which reports every pod waiting for a new node: Karpenter's "all available instance types exceed limits
   for nodepool", the cluster-autoscaler's "pod didn't trigger scale-up"), with that message; and how long
   the oldest pod has been waiting, so the policy can tell a node on its way from one that is not coming;
+- the waits of pods that were placed on a node newer than them (`nodewaits.py`): node provisioning per
+  node type, which the policy learns for its lead time;
 - with a capacity model (`capacity.py`, `budget.py`): idle replica-shaped slots on existing nodes, and the
   replicas the GPU budget allows, with its reason.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from autoscaler.kube.budget import BudgetReader
 from autoscaler.kube.capacity import NodeReader, replica_shape
 from autoscaler.kube.client import Kube, object_time
+from autoscaler.kube.nodewaits import NodeWaits
 from autoscaler.kube.warmpool import WARM_POOL_LABEL
 from policies.types import ClusterState
 
@@ -44,6 +47,7 @@ class ClusterReader:
         self.warm_pool = warm_pool
         self.nodes, self.budget, self.gpu_resource = nodes, budget, gpu_resource
         self._reported: set[str] = set()
+        self.node_waits = NodeWaits(kube)
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
     async def _workload(self):
@@ -122,6 +126,7 @@ class ClusterReader:
         shape = replica_shape(workload.spec.template, self.gpu_resource)
         room = await self.nodes.room(workload.spec.template, shape, self._ours(seen)) if self.nodes else None
         budget = await self.budget.read(workload, shape, pods.items) if self.budget else None
+        node_waits = await self.node_waits.learn(pods.items)
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
@@ -137,5 +142,6 @@ class ClusterReader:
             budget_replicas=budget.replicas if budget else None,
             budget_reason=budget.reason if budget else "",
             startup_durations_s=tuple(durations),
+            node_waits_s=node_waits,
             at_s=now,
         )

@@ -3,7 +3,7 @@
 A pod waiting for a node is normal while one is provisioned. It is not coming when the provisioner said so
 (`ClusterState.no_capacity_pods`: e.g. Karpenter's "all available instance types exceed limits for
 nodepool", the cluster-autoscaler's "pod didn't trigger scale-up"), or, with a provisioner that says
-nothing, when the longest-waiting pod has waited `STUCK_LEAD_TIMES` node-provisioning times. Such replicas
+nothing, when the longest-waiting pod has waited `STUCK_LEAD_TIMES` node-provisioning times (as learned). Such replicas
 are not capacity on the way: the decision says so (reasons, `Decision.unplaceable_replicas` for metrics and
 Events), the warm pool yields (a placeholder would take a GPU a replica needs, and would be preempted by
 it anyway), and the low priorities are shed while demand exceeds what is ready (the shedding stage sizes on
@@ -18,10 +18,12 @@ from policies.types import ClusterState
 STUCK_LEAD_TIMES = 3.0
 
 
-def unplaceable(spec: PolicySpec, cluster: ClusterState) -> tuple[int, list[str]]:
+def unplaceable(spec: PolicySpec, cluster: ClusterState, node_s: float | None = None) -> tuple[int, list[str]]:
+    """`node_s`: the node provisioning time the lead time uses (learned; default `spec.node_provisioning_s`)."""
     said = cluster.no_capacity_pods
+    node_s = spec.node_provisioning_s if node_s is None else node_s
     overdue = cluster.unschedulable_pods if cluster.oldest_unschedulable_s > STUCK_LEAD_TIMES * max(
-        spec.node_provisioning_s, spec.tick_s) else 0
+        node_s, spec.tick_s) else 0
     count = max(said, overdue)
     if count == 0:
         return 0, []

@@ -28,13 +28,13 @@ _FLOOR_OF_PEAK = 0.02
 _TIME_OF_DAY_BUCKETS = 6  # either side of now's time of day: +-30 min at 5-min buckets
 
 
-def horizon_buckets(spec: PolicySpec) -> int:
-    return max(1, math.ceil(spec.node_provisioning_s / spec.forecast_bucket_s))
+def horizon_buckets(spec: PolicySpec, node_s: float | None = None) -> int:
+    return max(1, math.ceil((spec.node_provisioning_s if node_s is None else node_s) / spec.forecast_bucket_s))
 
 
-def growth_samples(spec: PolicySpec, history: tuple[float, ...]) -> np.ndarray:
+def growth_samples(spec: PolicySpec, history: tuple[float, ...], node_s: float | None = None) -> np.ndarray:
     """g_i for every bucket i with a whole horizon after it (see the module docstring)."""
-    h = horizon_buckets(spec)
+    h = horizon_buckets(spec, node_s)
     y = np.asarray(history, dtype=float)
     if len(y) <= h:
         return np.zeros(0)
@@ -44,11 +44,13 @@ def growth_samples(spec: PolicySpec, history: tuple[float, ...]) -> np.ndarray:
     return np.maximum(windows.max(axis=1) / np.maximum(start, floor) - 1.0, 0.0)
 
 
-def growth_risk(spec: PolicySpec, fs: ForecastState, now: float) -> tuple[float, str]:
-    """The growth to insure against now (a ratio, e.g. 0.4 = +40 %), and where it came from."""
+def growth_risk(spec: PolicySpec, fs: ForecastState, now: float, node_s: float | None = None) -> tuple[float, str]:
+    """The growth to insure against now (a ratio, e.g. 0.4 = +40 %), and where it came from. `node_s`: the
+    node provisioning time (learned; default `spec.node_provisioning_s`)."""
+    node_s = spec.node_provisioning_s if node_s is None else node_s
     # The oldest bucket is left out as a window's start: the history began there, in the middle of it,
     # while the controller's rate windows were still filling (a low start, then every later bucket a "rise").
-    samples = growth_samples(spec, fs.history)[1:]
+    samples = growth_samples(spec, fs.history, node_s)[1:]
     floor = spec.warm_growth_min_ratio
     if len(samples) == 0 or fs.bucket_start_s is None:
         return floor, "no history of growth yet"
@@ -63,5 +65,5 @@ def growth_risk(spec: PolicySpec, fs: ForecastState, now: float) -> tuple[float,
         if near.any():
             samples, where = samples[near], "this time of day"
     risk = float(np.quantile(samples, spec.warm_growth_quantile))
-    why = f"p{spec.warm_growth_quantile * 100:g} of {len(samples)} past increases over {spec.node_provisioning_s:.0f} s ({where})"
+    why = f"p{spec.warm_growth_quantile * 100:g} of {len(samples)} past increases over {node_s:.0f} s ({where})"
     return max(risk, floor), why
