@@ -57,9 +57,13 @@ class PolicySpec(BaseModel):
         "the controller differ a little); further ahead they are dropped."
     )
     default_startup_s: float = Field(120.0, gt=0, description="Pod creation -> Ready, until learned.")
-    startup_percentile: float = Field(0.9, gt=0, lt=1, description="Learned lead time uses this percentile.")
-    startup_samples_kept: int = Field(50, ge=1)
-    node_provisioning_s: float = Field(300.0, ge=0, description="Added to lead time when no warm slot is free.")
+    startup_percentile: float = Field(
+        0.9, gt=0, lt=1,
+        description="Learned lead time (start-up, and node provisioning per node type) uses this percentile.")
+    startup_samples_kept: int = Field(50, ge=1, description="Most recent start-ups (and node waits) learned from.")
+    node_provisioning_s: float = Field(
+        300.0, ge=0, description="Added to lead time when no warm or idle slot is free, until pods' waits for new "
+        "nodes are learned.")
     forecast_bucket_s: float = Field(300.0, gt=0, description="Demand history resolution.")
     season_s: float = Field(86400.0, gt=0, description="Seasonal period of demand (daily).")
     seasonal_min_cycles: int = Field(2, ge=2, description="Full seasons of history before Holt-Winters.")

@@ -70,3 +70,52 @@ def test_a_cluster_queue_budget_is_nominal_plus_what_the_cohort_may_lend_less_ot
     assert alone == 16 - 4
     none, why = kueue_gpus(ours, peers, "nvidia.com/mig-1g.10gb", Decimal(0))
     assert none == 0 and "no quota for nvidia.com/mig-1g.10gb" in why
+
+
+def test_required_pod_rules_never_count_a_slot_the_scheduler_would_refuse():
+    """4-GPU replicas, two 8-GPU nodes, one replica on node a. Without rules: 1 + 2 idle slots. One replica per
+    node (anti-affinity by host on its own label): 0 on a, 1 on b. Anti-affinity over a clique, or required
+    pod affinity: not evaluated, so no idle slot is counted (the lead time only gets longer)."""
+    from kubernetes_asyncio.client import (V1LabelSelector, V1ObjectMeta as Meta, V1Pod, V1PodAffinity,
+                                           V1PodAffinityTerm, V1PodAntiAffinity)
+
+    from autoscaler.kube.capacity import node_room
+
+    def gpu_node(name):
+        n = node({"pool": "p"})
+        n.metadata = Meta(name=name, labels={"pool": "p"})
+        n.status.allocatable = {"nvidia.com/gpu": "8"}
+        return n
+
+    def replica(where, labels):
+        spec = template({"nvidia.com/gpu": "4"}).spec
+        spec.node_name = where
+        return V1Pod(metadata=Meta(name=f"r-{where}", namespace="ml", labels=labels), spec=spec)
+
+    def shaped(affinity=None):
+        t = template({"nvidia.com/gpu": "4"}, affinity=affinity)
+        t.metadata = Meta(labels={"app": "model"})
+        return t
+
+    nodes, pods = [gpu_node("a"), gpu_node("b")], [replica("a", {"app": "model"})]
+
+    def idle(t, running=pods):
+        return node_room(nodes, running, t, replica_shape(t), namespace="ml").idle_slots
+
+    def term(key, app="model"):
+        return V1PodAffinityTerm(topology_key=key, label_selector=V1LabelSelector(match_labels={"app": app}))
+
+    assert idle(shaped()) == 3
+    one_per_node = V1Affinity(pod_anti_affinity=V1PodAntiAffinity(
+        required_during_scheduling_ignored_during_execution=[term("kubernetes.io/hostname")]))
+    assert idle(shaped(one_per_node)) == 1
+    assert idle(shaped(one_per_node), [replica("a", {"app": "other"})]) == 2  # a's pod is not one it names
+    away_from_batch = V1Affinity(pod_anti_affinity=V1PodAntiAffinity(
+        required_during_scheduling_ignored_during_execution=[term("kubernetes.io/hostname", app="batch")]))
+    assert idle(shaped(away_from_batch), [replica("a", {"app": "batch"})]) == 2  # b only, both its slots
+    per_clique = V1Affinity(pod_anti_affinity=V1PodAntiAffinity(
+        required_during_scheduling_ignored_during_execution=[term("nvidia.com/gpu.clique")]))
+    assert idle(shaped(per_clique)) == 0
+    together = V1Affinity(pod_affinity=V1PodAffinity(
+        required_during_scheduling_ignored_during_execution=[term("kubernetes.io/hostname")]))
+    assert idle(shaped(together)) == 0

@@ -29,6 +29,7 @@ def pool_nodes(cluster, namespace):
         for i in range(count):
             node = gpu_node(f"{namespace}-n{i}")
             node["metadata"]["labels"] = {"type": "kwok", "pool": namespace,
+                                          "kubernetes.io/hostname": node["metadata"]["name"],
                                           "node.kubernetes.io/instance-type": instance_type}
             if resources:
                 node["status"]["capacity"].update(resources)
@@ -43,10 +44,12 @@ def pool_nodes(cluster, namespace):
         cluster.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-def deploy(cluster, ns, *, replicas, resource="nvidia.com/gpu", amount="4", labels=None):
+def deploy(cluster, ns, *, replicas, resource="nvidia.com/gpu", amount="4", labels=None, affinity=None):
     body = model_deployment(ns, "model", replicas)
     spec = body["spec"]["template"]["spec"]
     spec["nodeSelector"] = {"pool": ns}
+    if affinity:
+        spec["affinity"] = affinity
     spec["containers"][0]["resources"] = {"limits": {resource: amount}, "requests": {resource: amount}}
     if labels:
         body["metadata"]["labels"] = {**body["metadata"]["labels"], **labels}
@@ -256,3 +259,24 @@ def test_a_pod_that_waited_for_a_new_node_teaches_node_provisioning_by_node_type
     assert len(first) == 1 and first[0][0] == "g6e.12xlarge" and 3.0 <= first[0][1] <= 30.0, first
     assert after_second == first  # the second pod found room on a node that was there before it
     assert list(restarted) == first
+
+
+def test_one_replica_per_node_counts_one_slot_per_free_node_as_the_scheduler_does(cluster, namespace, pool_nodes):
+    """Required anti-affinity by host on the replica's own label: two 8-GPU nodes, one 4-GPU replica. The idle
+    slots are 1 (not 3), and the scheduler agrees: of 3 replicas, the third stays Pending."""
+    ns = namespace
+    pool_nodes()
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "model"}}}]}}
+    deploy(cluster, ns, replicas=1, affinity=apart)
+    one = read_with_budget(cluster, ns, ready=1)
+    assert one.idle_slots == 1
+    status, _ = cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": 3}})
+    assert status == 200
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", nodes=NodeReader(kube))
+        return await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == 2 and s.unschedulable_pods)
+
+    full = with_kube(cluster, go)
+    assert full.ready_replicas == 2 and full.unschedulable_pods == 1 and full.idle_slots == 0

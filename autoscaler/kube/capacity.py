@@ -9,8 +9,12 @@
   allocatable resources. An 8-GPU node with one 4-GPU replica on it has one idle slot; a node with 6 GPUs
   free and 4-GPU replicas also one (the other 2 GPUs are no use to this model). A replica that lands on an
   idle slot waits for its start-up only, so idle slots shorten the lead time and count against the warm
-  pool (stages 3 and 7). Reading the nodes needs `list` on nodes and on pods in every namespace (a
-  ClusterRole); if that read fails, idle slots are taken as 0, which only lengthens the lead time.
+  pool (stages 3 and 7). Required inter-pod rules of the template are honoured on the safe side:
+  anti-affinity by host (e.g. one replica per node) leaves a node no slot if a pod it names runs there,
+  and at most one otherwise; anti-affinity over a wider domain (zone, `nvidia.com/gpu.clique`) and
+  required pod affinity count no idle slot at all (too few slots only lengthen the lead time). Reading
+  the nodes needs `list` on nodes and on pods in every namespace (a ClusterRole); if that read fails,
+  idle slots are taken as 0, which only lengthens the lead time.
 - Budget (`budget.py`): the GPU caps in the config and the Kueue quota, in replicas of this shape.
 """
 
@@ -31,6 +35,7 @@ log = structlog.get_logger("autoscaler")
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 GPU_PREFIXES = ("nvidia.com/mig-", "gpu.intel.com/")
 NODE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "nvidia.com/gpu.product")
+HOSTNAME = "kubernetes.io/hostname"
 LIVE = "status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -68,7 +73,8 @@ def _tolerates(tolerations, taint) -> bool:
             continue
         if op == "Exists" and (not key or key == field_of(taint, "key")):
             return True
-        if op == "Equal" and key == field_of(taint, "key") and (field_of(t, "value") or "") == (field_of(taint, "value") or ""):
+        same_value = (field_of(t, "value") or "") == (field_of(taint, "value") or "")
+        if op == "Equal" and key == field_of(taint, "key") and same_value:
             return True
     return False
 
@@ -110,6 +116,45 @@ def node_admits(node, pod_spec) -> bool:
     return True
 
 
+def _selects(selector, labels: dict[str, str]) -> bool:
+    """A label selector of a pod (anti-)affinity term; a null one selects no pods."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (field_of(selector, "match_labels") or {}).items()):
+        return False
+    return all(_expression_holds(e, labels) for e in (field_of(selector, "match_expressions") or []))
+
+
+def _required(rule) -> list:
+    return list(rule.required_during_scheduling_ignored_during_execution or []) if rule else []
+
+
+def pod_rule_limit(pod_spec, labels: dict[str, str], namespace: str):
+    """How the template's required inter-pod rules limit a node's slots: a function (node's pods, whole
+    replicas that fit) -> slots to count. Without such rules, every whole replica counts."""
+    affinity = pod_spec.affinity
+    together = _required(affinity.pod_affinity if affinity else None)
+    apart = _required(affinity.pod_anti_affinity if affinity else None)
+    if together or any(t.topology_key != HOSTNAME for t in apart):
+        return lambda pods, whole: 0
+    if not apart:
+        return lambda pods, whole: whole
+
+    def named(term, pod) -> bool:
+        spaces = term.namespaces or [namespace]
+        anywhere = term.namespace_selector is not None  # not evaluated: taken as every namespace
+        return (anywhere or pod.metadata.namespace in spaces) and _selects(term.label_selector,
+                                                                          pod.metadata.labels or {})
+
+    itself = any(_selects(t.label_selector, labels) for t in apart)
+
+    def limit(pods, whole: int) -> int:
+        if any(named(t, pod) for t in apart for pod in pods):
+            return 0
+        return min(whole, 1) if itself else whole
+    return limit
+
+
 def node_type(node) -> str:
     labels = node.metadata.labels or {}
     return next((labels[k] for k in NODE_TYPE_LABELS if labels.get(k)), "unknown")
@@ -132,13 +177,15 @@ def price_of(prices: dict[str, float], node) -> float | None:
 
 
 def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
-              prices: dict[str, float] | None = None) -> NodeRoom:
+              prices: dict[str, float] | None = None, namespace: str = "default") -> NodeRoom:
     used: dict[str, dict[str, Decimal]] = {}
     held: dict[str, Decimal] = {}
+    on: dict[str, list] = {}
     for pod in pods:
         name = pod.spec.node_name if pod.spec else None
         if not name:
             continue
+        on.setdefault(name, []).append(pod)
         requests, _ = effective_resources(pod.spec)
         total = used.setdefault(name, {})
         for key, value in requests.items():
@@ -151,6 +198,7 @@ def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
         known = [(gpus, price_of(prices, by_name[n])) for n, gpus in held.items() if n in by_name]
         cost = None if any(p is None for _, p in known) else sum(float(g) * p for g, p in known)
     idle, per_node = 0, {}
+    limit = pod_rule_limit(template.spec, (template.metadata.labels or {}) if template.metadata else {}, namespace)
     for node in nodes:
         if not node_admits(node, template.spec):
             continue
@@ -162,7 +210,8 @@ def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
             continue
         per_node[node_type(node)] = max(per_node.get(node_type(node), 0), whole)
         taken = used.get(node.metadata.name, {})
-        idle += shape.fits({k: v - taken.get(k, Decimal(0)) for k, v in allocatable.items()})
+        free = shape.fits({k: v - taken.get(k, Decimal(0)) for k, v in allocatable.items()})
+        idle += limit(on.get(node.metadata.name, []), free)
     return NodeRoom(idle_slots=idle, per_node=per_node, gpus_held=float(sum(held.values(), Decimal(0))),
                     cost_per_hour=cost)
 
@@ -176,7 +225,7 @@ class NodeReader:
         self.prices = prices or {}
         self._warned = False
 
-    async def room(self, template, shape: Shape, ours=lambda pod: False) -> NodeRoom:
+    async def room(self, template, shape: Shape, ours=lambda pod: False, namespace: str = "default") -> NodeRoom:
         if not shape.requests:
             return NodeRoom()
         try:
@@ -189,4 +238,4 @@ class NodeReader:
                 self._warned = True
             return NodeRoom()
         self._warned = False
-        return node_room(nodes.items, pods.items, template, shape, ours=ours, prices=self.prices)
+        return node_room(nodes.items, pods.items, template, shape, ours=ours, prices=self.prices, namespace=namespace)

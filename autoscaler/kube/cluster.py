@@ -124,7 +124,8 @@ class ClusterReader:
         stuck, why = await self._no_capacity(waiting, now) if waiting else (0, "")
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         shape = replica_shape(workload.spec.template, self.gpu_resource)
-        room = await self.nodes.room(workload.spec.template, shape, self._ours(seen)) if self.nodes else None
+        room = (await self.nodes.room(workload.spec.template, shape, self._ours(seen), self.namespace)
+                if self.nodes else None)
         budget = await self.budget.read(workload, shape, pods.items) if self.budget else None
         node_waits = await self.node_waits.learn(pods.items)
         return ClusterState(
