@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import structlog
@@ -149,12 +149,17 @@ class Controller:
         decision, self.state = await asyncio.to_thread(decide, self.settings.policy, self.state, signals, now)
         cluster = signals.cluster
         current = cluster.spec_replicas if cluster else None
+        leader = self.is_leader()
+        if not leader and current is not None:
+            # A follower's decisions are not applied; the leader's are (the target's replicas). It keeps those as
+            # recommendations of its own, so when it takes the Lease it holds them for a stabilization window
+            # as the leader would have, instead of scaling down to what it alone would have kept.
+            self.state = replace(self.state, recommendations=self.state.recommendations + ((now, current),))
         queue = signals.queue_depth.value if signals.queue_depth is not None else None
         await self.board.publish(Published(decision, current if current is not None else decision.replicas,
                                            queue, now))
         self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None,
                             unschedulable=cluster.unschedulable_pods if cluster else None, cluster=cluster)
-        leader = self.is_leader()
         self.metrics.leader.set(1 if leader else 0)
         log.info("decision", mode=self.settings.mode.value, leader=leader, valid=decision.valid,
                  replicas=decision.replicas, current=current, warm_slots=decision.warm_slots,

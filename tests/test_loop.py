@@ -194,3 +194,20 @@ def test_demand_counts_what_the_gateway_shed():
     for _ in range(60):
         c.priorities.add("critical")
     assert asyncio.run(collect(1030.0)).arrival_rate_per_s.value == 10.0  # 4 req/s counted < 10 served
+
+
+def test_a_follower_that_takes_the_lease_holds_the_leaders_replicas_for_a_window():
+    """The leader scaled to 12 for a burst the follower did not see (it needs 2): on taking over, the follower
+    keeps 12 for a stabilization window, as the leader would have, then scales down."""
+    leading = {"now": False}
+    c, cluster = controller(values={"arrival_rate_per_s": 8.0, "in_flight": 8.0, "queue_depth": 0.0,
+                                    "service_time_s": 1.0}, replicas=12)
+    c.is_leader = lambda: leading["now"]
+    window_ticks = int(c.settings.policy.scale_down_stabilization_s / c.settings.tick_s)
+    ticks(c, 2 * window_ticks)  # longer than a window: a first tick's hold has aged out
+    assert cluster.replicas == 12 and c.scaler.calls == []  # a follower writes nothing
+    leading["now"] = True
+    taken_over = ticks(c, window_ticks - 1)
+    assert all(d.replicas == 12 for d in taken_over) and cluster.replicas == 12
+    later = ticks(c, 2)
+    assert later[-1].replicas < 12 and cluster.replicas == later[-1].replicas  # nothing is held forever
