@@ -35,3 +35,22 @@ def test_the_table_is_made_from_the_results_on_disk_and_names_failed_checks(tmp_
     assert [r.split()[0] for r in rows] == ["doubling", "short-burst"]
     assert "99.500% (99.500%)" in rows[0] and "5.00% (4.00%)" in rows[0] and "12.3 (11.0)" in rows[0]
     assert rows[0].endswith("2/2") and rows[1].endswith("1/2 (failed: replicas do not chase)")
+
+
+def test_node_timings_for_the_twin_come_from_pod_waits_and_node_removals():
+    """At factor 10: a pod created at 100 s placed at 141 s on a node created at 105 s waited 410 s for it; a
+    pod placed on an older node did not wait; a node gone 80 s after its last pod, with consolidateAfter at
+    600 s (60 s compressed), outlived it by 200 s; a node still holding a pod is not counted."""
+    from loadtest.e2e.figures import node_timings
+
+    lifetimes = {
+        ("node", "a"): {"name": "n-a", "created": 105.0, "gone": 300.0},
+        ("node", "b"): {"name": "n-b", "created": 50.0, "gone": None},
+        ("model", "1"): {"created": 100.0, "placed": 141.0, "node": "n-a", "gone": 220.0},
+        ("model", "2"): {"created": 110.0, "placed": 111.0, "node": "n-b", "gone": None},
+        ("placeholder", "3"): {"created": 120.0, "gone": None},  # never placed
+    }
+    t = node_timings(lifetimes, factor=10.0, idle_s=600.0)
+    assert t == {"provisioning_s": 410.0, "provisioning_p90_s": 410.0, "waits": 1,
+                 "removal_extra_s": 200.0, "removals": 1}
+    assert node_timings({}, factor=10.0, idle_s=600.0)["provisioning_s"] is None

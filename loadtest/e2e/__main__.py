@@ -23,6 +23,11 @@ def _summary(doc: dict) -> str:
         lines.append(f"  {cls:<10} within SLO {a[cls]:.4%} (simulated {s.get(cls, float('nan')):.4%}), "
                      f"shed {doc['shed_fraction'][cls]:.2%} (simulated {doc['simulated']['shed_fraction'].get(cls, 0):.2%}), "
                      f"p99 latency {doc['p99_latency_s'][cls] or 0:.2f} s")
+    t = doc["simulated"].get("node_timings")
+    if t:
+        lines.append(f"  simulated on the live node timings: provisioning {t['provisioning_s']} s median, "
+                     f"{t['provisioning_p90_s']} s p90 ({t['waits']} pod waits); removal {t['removal_extra_s']} s "
+                     f"after consolidateAfter ({t['removals']} nodes); None = the configured figure")
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['check']}: {check['detail']}")
     return "\n".join(lines)

@@ -58,6 +58,30 @@ def gpu_hours(lifetimes: dict, *, start: float, end: float, factor: float) -> di
     return {k: round(v, 3) for k, v in totals.items()}
 
 
+def node_timings(lifetimes: dict, *, factor: float, idle_s: float) -> dict:
+    """What the live cluster's nodes took, at factor 1, for the simulated twin: `provisioning_s` (median) and
+    `provisioning_p90_s` of the waits of pods placed on a node created after them (creation -> placement, what
+    the controller learns), and `removal_extra_s` (median) of how long a node outlived its last pod beyond
+    consolidateAfter (`idle_s`). None where the run had no such pod or node. Karpenter batches and validates
+    in real time, which the compression of every other duration magnifies by the factor."""
+    nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
+    pods = [life for (kind, _), life in lifetimes.items() if kind != "node" and life.get("node") in nodes]
+    waits = [(p["placed"] - p["created"]) * factor for p in pods
+             if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]]
+    extras = []
+    for name, node in nodes.items():
+        ran = [p for p in pods if p["node"] == name]
+        if node["gone"] is None or not ran or any(p["gone"] is None for p in ran):
+            continue
+        extras.append(max(0.0, (node["gone"] - max(p["gone"] for p in ran)) * factor - idle_s))
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(float(np.percentile(values, q)), 1) if values else None
+
+    return {"provisioning_s": pct(waits, 50), "provisioning_p90_s": pct(waits, 90), "waits": len(waits),
+            "removal_extra_s": pct(extras, 50), "removals": len(extras)}
+
+
 def simulated_figures(result: RunResult) -> dict:
     timeline = result.timeline
     pending = max((r["replicas"] - r["ready"] for r in timeline if r["ready"] != ""), default=0)

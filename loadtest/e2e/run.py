@@ -16,7 +16,7 @@ from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.e2e import checks
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.figures import client_figures, gaps, gpu_hours, simulated_figures
+from loadtest.e2e.figures import client_figures, gaps, gpu_hours, node_timings, simulated_figures
 from loadtest.e2e.stack import Stack, stack
 from loadtest.loadgen import Request, write_requests
 from policies import decide, initial_state
@@ -81,8 +81,13 @@ def _act(st: Stack, action: str, state: dict) -> str:
     raise ValueError(f"unknown action {action!r}")
 
 
-def _simulate(config: E2EConfig, workload, initial: int, sim_config):
-    return run(PolicyRun("predictive", config.spec(), decide, initial_state()), workload, sim_config,
+def _simulate(config: E2EConfig, workload, initial: int, sim_config, *, node_learned_s: float | None = None):
+    """The predictive policy in the simulator; `node_learned_s`: the node provisioning the live controller
+    learns (the policy's `node_provisioning_s` in the twin, which sees no node waits of its own)."""
+    spec = config.spec()
+    if node_learned_s is not None:
+        spec = spec.model_copy(update={"node_provisioning_s": node_learned_s})
+    return run(PolicyRun("predictive", spec, decide, initial_state()), workload, sim_config,
                initial_replicas=initial, keep_timeline=True)
 
 
@@ -136,8 +141,14 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     live["gpu_hours"] = cost["nodes"]
     live["gpu_hours_by_use"] = cost
     live["max_pending_replicas"] = max((r["model"]["pending"] + r["model"]["starting"] for r in timeline), default=0)
-    sim = _simulate(config, workload, initial, config.sim_config(gpu_limits=gpu_limits))
-    simulated = simulated_figures(sim)
+    # The twin runs on the node timings the live cluster showed (Karpenter's real-time batching and
+    # consolidation checks are not compressed), so the comparison is of the policy and the fleet.
+    timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s)
+    twin = replace(config, node_start_s=timing["provisioning_s"] or config.node_start_s)
+    sim = _simulate(twin, workload, initial,
+                    twin.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0),
+                    node_learned_s=timing["provisioning_p90_s"])
+    simulated = {**simulated_figures(sim), "node_timings": timing}
     doc = {
         "scenario": name, "factor": factor, "initial_replicas": initial, "requests": live["requests"],
         "slo_attainment": live["slo_attainment"], "p99_latency_s": live["p99_latency_s"],

@@ -182,6 +182,9 @@ class Stack:
                 life["ready"] = now
             if meta.get("deletionTimestamp") and life["gone"] is None:
                 life["gone"] = now
+            if pod["spec"].get("nodeName") and "node" not in life:
+                life["node"] = pod["spec"]["nodeName"]
+                life["placed"] = _scheduled_at(status) or now
             if kind == "model":
                 state = "ready" if ready else ("starting" if pod["spec"].get("nodeName") else "pending")
                 model[state] += 1
@@ -193,7 +196,7 @@ class Stack:
             seen.add(key)
             gpus = int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0") or 0)
             self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
-                                            "gpus": gpus})
+                                            "gpus": gpus, "name": meta["name"]})
         for key, life in self.lifetimes.items():
             if key not in seen and life["gone"] is None:
                 life["gone"] = now
@@ -225,6 +228,14 @@ def _ts(text: str) -> float:
     from autoscaler.times import parse_time
 
     return parse_time(text)
+
+
+def _scheduled_at(status: dict) -> float | None:
+    """When the scheduler bound the pod (its PodScheduled condition), if it says."""
+    for c in status.get("conditions", []):
+        if c.get("type") == "PodScheduled" and c.get("status") == "True" and c.get("lastTransitionTime"):
+            return _ts(c["lastTransitionTime"])
+    return None
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 0.25, what: str = "condition"):
