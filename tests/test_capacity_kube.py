@@ -280,3 +280,38 @@ def test_one_replica_per_node_counts_one_slot_per_free_node_as_the_scheduler_doe
 
     full = with_kube(cluster, go)
     assert full.ready_replicas == 2 and full.unschedulable_pods == 1 and full.idle_slots == 0
+
+
+def test_a_pod_a_provisioner_could_not_place_teaches_no_node_provisioning(cluster, namespace, pool_nodes):
+    """The pod waits and Karpenter's Event says the NodePool's limit is reached; when a node comes later (the
+    limit raised), the pod's wait was for the limit, not for a node's boot: nothing is learned from it."""
+    ns = namespace
+    deploy(cluster, ns, replicas=1)
+
+    async def go(kube):
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+        waits = []
+
+        async def read():
+            state = await reader.read(time.time())
+            waits.extend(state.node_waits_s)
+            return state
+
+        await until(read, lambda s: s.unschedulable_pods == 1)
+        pod = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"][0]["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {"metadata": {"name": f"{pod['name']}.karpenter", "namespace": ns},
+                 "involvedObject": {"kind": "Pod", "name": pod["name"], "namespace": ns, "uid": pod["uid"]},
+                 "reason": "FailedScheduling", "type": "Warning", "source": {"component": "karpenter"},
+                 "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        assert cluster.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201
+        told = await read()
+        await asyncio.sleep(2)  # timestamps are in whole seconds: the node must be newer than the pod
+        pool_nodes(count=1, instance_type="g6e.12xlarge")
+        placed = await until(read, lambda s: s.ready_replicas == 1)
+        return told, placed, waits
+
+    told, placed, waits = with_kube(cluster, go)
+    assert told.no_capacity_pods == 1 and placed.ready_replicas == 1
+    assert waits == [], waits

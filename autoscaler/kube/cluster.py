@@ -48,6 +48,7 @@ class ClusterReader:
         self.nodes, self.budget, self.gpu_resource = nodes, budget, gpu_resource
         self._reported: set[str] = set()
         self.node_waits = NodeWaits(kube)
+        self._capped: set[str] = set()  # uids of pods a provisioner said it could not place
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
     async def _workload(self):
@@ -55,8 +56,8 @@ class ClusterReader:
                 else self.kube.apps.read_namespaced_stateful_set)
         return await self.kube.call(f"read {self.kind} {self.namespace}/{self.name}", read, self.name, self.namespace)
 
-    async def _no_capacity(self, waiting: dict[str, float | None], now: float) -> tuple[int, str]:
-        """How many of the waiting pods a provisioner said it cannot place (recently), and what it said."""
+    async def _no_capacity(self, waiting: dict[str, float | None], now: float) -> tuple[set[str], str]:
+        """Which of the waiting pods a provisioner said it cannot place (recently), and what it said."""
         events = await self.kube.call(
             f"list events {self.namespace}", self.kube.core.list_namespaced_event, self.namespace,
             field_selector="involvedObject.kind=Pod",
@@ -71,7 +72,7 @@ class ClusterReader:
             if at is not None and now - at <= NO_CAPACITY_MEMORY_S:
                 stuck.add(name)
                 message = f"{source}: {event.message}"
-        return len(stuck), message
+        return stuck, message
 
     def _ours(self, uids: set[str]):
         """Whether a pod is one of the target's (by uid) or one of its warm placeholders."""
@@ -121,19 +122,22 @@ class ClusterReader:
                     durations.append(became - began)
         self._reported &= seen
         warm = await self.warm_pool.ready() if self.warm_pool is not None else 0
-        stuck, why = await self._no_capacity(waiting, now) if waiting else (0, "")
+        stuck, why = await self._no_capacity(waiting, now) if waiting else (set(), "")
+        # A pod a provisioner could not place (a limit, a quota, no offering) waited for capacity, not for a
+        # node's provisioning: its wait teaches the lead time nothing.
+        self._capped = {p.metadata.uid for p in pods.items if p.metadata.name in stuck} | (self._capped & seen)
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         shape = replica_shape(workload.spec.template, self.gpu_resource)
         room = (await self.nodes.room(workload.spec.template, shape, self._ours(seen), self.namespace)
                 if self.nodes else None)
         budget = await self.budget.read(workload, shape, pods.items) if self.budget else None
-        node_waits = await self.node_waits.learn(pods.items)
+        node_waits = await self.node_waits.learn(pods.items, skip=self._capped)
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
             starting_replicas=max(0, spec_replicas - ready),
             unschedulable_pods=len(waiting),
-            no_capacity_pods=stuck,
+            no_capacity_pods=len(stuck),
             no_capacity_reason=why,
             oldest_unschedulable_s=oldest,
             warm_slots_ready=warm,

@@ -3,7 +3,8 @@
 A pod placed on a node that was created after the pod waited for that node: from the pod's creation to its
 placement (PodScheduled=True) is the node provisioning a replica pays (the provisioner's batching, the
 machine's boot, registration, the GPU driver and device plugin advertising the GPUs). A pod placed on a node
-that already existed (an idle slot, a preempted warm placeholder) is no such sample. Each pod counts once;
+that already existed (an idle slot, a preempted warm placeholder) is no such sample, nor is a pod the caller
+names in `skip` (one a provisioner said it could not place: it waited for a limit, not a boot). Each pod counts once;
 at the first read every placed pod does, so a restarted controller gets back what it had learned. The node
 type is the node's instance-type label (or its GPU product). Reading a node needs `get` on nodes (the base
 ClusterRole grants it); without it, no waits are learned and the policy keeps `node_provisioning_s`. At
@@ -58,8 +59,9 @@ class NodeWaits:
             self._nodes[name] = (object_time(node.metadata.creation_timestamp), node_type(node))
         return self._nodes[name]
 
-    async def learn(self, pods) -> tuple[tuple[str, float], ...]:
-        """(node type, seconds waited) of the pods placed since the previous call on a node newer than them."""
+    async def learn(self, pods, skip: set[str] = frozenset()) -> tuple[tuple[str, float], ...]:
+        """(node type, seconds waited) of the pods placed since the previous call on a node newer than them,
+        leaving out the pods whose uids are in `skip`."""
         waits, live, on = [], set(), set()
         self._reads = 0
         for pod in pods:
@@ -70,6 +72,9 @@ class NodeWaits:
                 continue
             on.add(pod.spec.node_name)
             if uid in self._counted:
+                continue
+            if uid in skip:
+                self._counted.add(uid)
                 continue
             node = await self._node(pod.spec.node_name)
             if node is None:

@@ -58,16 +58,18 @@ def gpu_hours(lifetimes: dict, *, start: float, end: float, factor: float) -> di
     return {k: round(v, 3) for k, v in totals.items()}
 
 
-def node_timings(lifetimes: dict, *, factor: float, idle_s: float) -> dict:
+def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: frozenset[str] = frozenset()) -> dict:
     """What the live cluster's nodes took, at factor 1, for the simulated twin: `provisioning_s` (median) and
     `provisioning_p90_s` of the waits of pods placed on a node created after them (creation -> placement, what
-    the controller learns), and `removal_extra_s` (median) of how long a node outlived its last pod beyond
+    the controller learns; not the pods named in `capped`, which the provisioner said it could not place, as
+    the controller leaves them out), and `removal_extra_s` (median) of how long a node outlived its last pod beyond
     consolidateAfter (`idle_s`). None where the run had no such pod or node. Karpenter batches and validates
     in real time, which the compression of every other duration magnifies by the factor."""
     nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
     pods = [life for (kind, _), life in lifetimes.items() if kind != "node" and life.get("node") in nodes]
     waits = [(p["placed"] - p["created"]) * factor for p in pods
-             if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]]
+             if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]
+             and p.get("name") not in capped]
     extras = []
     for name, node in nodes.items():
         ran = [p for p in pods if p["node"] == name]

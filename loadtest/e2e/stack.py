@@ -177,7 +177,7 @@ class Stack:
             key = (kind, meta["uid"])
             seen.add(key)
             life = self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None,
-                                                   "gone": None, "gpus": 1})
+                                                   "gone": None, "gpus": 1, "name": meta["name"]})
             if ready and life["ready"] is None:
                 life["ready"] = now
             if meta.get("deletionTimestamp") and life["gone"] is None:
