@@ -6,8 +6,9 @@ figures from the simulator on the same trace and parameters.
 - `p99_latency_s` per class: p99 of the whole exchange of answered requests; `p99_queue_wait_s` overall;
 - `shed_fraction` per class: answered 429 by the gateway;
 - `lost_requests`: admitted (not shed) but never answered (a connection error or a 5xx);
-- `gpu_hours`: GPUs x lifetime of every GPU node while the scenario ran (nodes are what is paid for: warm
-  slots, idle nodes and nodes still starting included), at factor 1;
+- `gpu_hours`: GPUs x lifetime of every GPU node while the scenario ran, from its NodeClaim's creation (the
+  instance's launch) to its removal (nodes are what is paid for: warm slots, idle nodes and nodes still
+  starting included), at factor 1;
 - `max_pending_replicas`: most model replicas ordered but not Ready at once.
 """
 
@@ -47,14 +48,15 @@ def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) 
 
 
 def gpu_hours(lifetimes: dict, *, start: float, end: float, factor: float) -> dict:
-    """GPU-hours of nodes (what is paid), and of model pods and placeholders (what used them), at factor 1."""
+    """GPU-hours of nodes (what is paid: each NodeClaim from its launch to its removal, as the simulator bills a
+    node from its request), and of model pods and placeholders (what used them), at factor 1."""
     totals = {"nodes": 0.0, "model": 0.0, "placeholders": 0.0}
+    billed = {"claim": "nodes", "model": "model", "placeholder": "placeholders"}
     for (kind, _), life in lifetimes.items():
         lo, hi = max(life["created"], start), min(life["gone"] or end, end)
-        if hi <= lo:
+        if kind not in billed or hi <= lo:
             continue
-        hours = life["gpus"] * (hi - lo) * factor / 3600.0
-        totals["nodes" if kind == "node" else "model" if kind == "model" else "placeholders"] += hours
+        totals[billed[kind]] += life["gpus"] * (hi - lo) * factor / 3600.0
     return {k: round(v, 3) for k, v in totals.items()}
 
 

@@ -146,7 +146,8 @@ class Stack:
     prometheus_url: str
     work: Path
     started: float = 0.0  # wall clock of scenario t = 0
-    lifetimes: dict = field(default_factory=dict)  # (kind, name) -> {"created", "ready", "gone", "gpus"}
+    # (kind, uid) -> {"created", "ready", "gone", "gpus", ...}; kind: model, placeholder, node, claim
+    lifetimes: dict = field(default_factory=dict)
 
     def t(self) -> float:
         """Scenario time at factor 1."""
@@ -167,6 +168,7 @@ class Stack:
         deploy = self._get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{MODEL}")
         pods = self._get(f"/api/v1/namespaces/{NAMESPACE}/pods").get("items", [])
         nodes = self._get(f"/api/v1/nodes?labelSelector={POOL_LABEL}%3D{POOL}").get("items", [])
+        claims = self._get(f"/apis/karpenter.sh/v1/nodeclaims?labelSelector=karpenter.sh%2Fnodepool%3D{POOL}")
         model = {"pending": 0, "starting": 0, "ready": 0}
         warm = {"pending": 0, "ready": 0}
         seen = set()
@@ -197,6 +199,14 @@ class Stack:
             gpus = int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0") or 0)
             self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
                                             "gpus": gpus, "name": meta["name"]})
+        for claim in claims.get("items", []):
+            # What is paid: an instance from its launch (the NodeClaim) to its removal. The Node object only
+            # appears once the instance registers, after its boot.
+            meta = claim["metadata"]
+            key = ("claim", meta["uid"])
+            seen.add(key)
+            self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
+                                            "gpus": self.config.node_shape.gpus})
         for key, life in self.lifetimes.items():
             if key not in seen and life["gone"] is None:
                 life["gone"] = now
