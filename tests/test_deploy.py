@@ -126,7 +126,7 @@ async def scale_and_warm(kube, ns: str, kind: str, model: str) -> int:
         await ScaleActuator(kube, namespace=ns, kind=kind, name="other", min_replicas=1, max_replicas=4).scale(3)
     assert err.value.kind == "forbidden"
     # the provisioner's Events about waiting pods can be read (capacity that is not coming)
-    assert await reader._no_capacity({"some-pod": 0.0}, 0.0) == (0, "")
+    assert await reader._no_capacity({"some-pod": 0.0}, 0.0) == (set(), "")
     return state.spec_replicas
 
 
