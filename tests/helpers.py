@@ -78,3 +78,16 @@ def with_kube(cp, fn):
             await kube.close()
 
     return asyncio.run(go())
+
+
+def tell_no_capacity(cp, ns: str, pod: dict) -> None:
+    """Post the Event Karpenter posts when a NodePool's limit keeps it from placing `pod` (its metadata)."""
+    import time
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    event = {"metadata": {"name": f"{pod['name']}.karpenter", "namespace": ns},
+             "involvedObject": {"kind": "Pod", "name": pod["name"], "namespace": ns, "uid": pod["uid"]},
+             "reason": "FailedScheduling", "type": "Warning", "source": {"component": "karpenter"},
+             "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
+             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    assert cp.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201

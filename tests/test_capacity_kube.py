@@ -16,7 +16,7 @@ from policies import PolicySpec, Sample, Signals, decide, initial_state
 
 from loadtest.kube.controlplane import gpu_node, model_deployment
 
-from helpers import with_kube
+from helpers import tell_no_capacity, with_kube
 
 
 
@@ -64,6 +64,18 @@ async def until(read, done, tries=60):
             return state
         await asyncio.sleep(0.5)
     return state
+
+
+def collecting_waits(reader):
+    """A read of the target's state that also collects every node wait it reports, and the list it fills."""
+    waits = []
+
+    async def read():
+        state = await reader.read(time.time())
+        waits.extend(state.node_waits_s)
+        return state
+
+    return read, waits
 
 
 def read_with_budget(cluster, ns, *, ready, max_gpus=None):
@@ -235,13 +247,7 @@ def test_a_pod_that_waited_for_a_new_node_teaches_node_provisioning_by_node_type
     deploy(cluster, ns, replicas=1)
 
     async def go(kube):
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
-        waits = []
-
-        async def read():
-            state = await reader.read(time.time())
-            waits.extend(state.node_waits_s)
-            return state
+        read, waits = collecting_waits(ClusterReader(kube, namespace=ns, kind="Deployment", name="model"))
 
         await until(read, lambda s: s.unschedulable_pods == 1)
         await asyncio.sleep(3)
@@ -289,23 +295,11 @@ def test_a_pod_a_provisioner_could_not_place_teaches_no_node_provisioning(cluste
     deploy(cluster, ns, replicas=1)
 
     async def go(kube):
-        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
-        waits = []
-
-        async def read():
-            state = await reader.read(time.time())
-            waits.extend(state.node_waits_s)
-            return state
+        read, waits = collecting_waits(ClusterReader(kube, namespace=ns, kind="Deployment", name="model"))
 
         await until(read, lambda s: s.unschedulable_pods == 1)
-        pod = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"][0]["metadata"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = {"metadata": {"name": f"{pod['name']}.karpenter", "namespace": ns},
-                 "involvedObject": {"kind": "Pod", "name": pod["name"], "namespace": ns, "uid": pod["uid"]},
-                 "reason": "FailedScheduling", "type": "Warning", "source": {"component": "karpenter"},
-                 "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        assert cluster.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201
+        [pod] = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
+        tell_no_capacity(cluster, ns, pod["metadata"])
         told = await read()
         await asyncio.sleep(2)  # timestamps are in whole seconds: the node must be newer than the pod
         pool_nodes(count=1, instance_type="g6e.12xlarge")

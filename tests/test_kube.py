@@ -15,7 +15,7 @@ from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import model_deployment
 
-from helpers import with_kube
+from helpers import tell_no_capacity, with_kube
 
 def deploy(cluster, ns, name="model", replicas=2, **kw):
     status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
@@ -246,14 +246,7 @@ def test_cluster_state_tells_waiting_for_a_node_from_no_node_coming(cluster, nam
                 break
             await asyncio.sleep(0.5)
         pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
-        pod = pods[0]["metadata"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = {"metadata": {"name": f"{pod['name']}.karpenter", "namespace": ns},
-                 "involvedObject": {"kind": "Pod", "name": pod["name"], "namespace": ns, "uid": pod["uid"]},
-                 "reason": "FailedScheduling", "type": "Warning", "source": {"component": "karpenter"},
-                 "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        assert cluster.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201
+        tell_no_capacity(cluster, ns, pods[0]["metadata"])
         told = await reader.read(time.time())
         return state, told
 

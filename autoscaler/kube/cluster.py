@@ -32,6 +32,12 @@ NO_CAPACITY_REASONS = ("FailedScheduling", "NotTriggerScaleUp")
 NO_CAPACITY_MEMORY_S = 120.0
 
 
+def provisioner_cannot(reason: str | None, source: str) -> bool:
+    """Whether an Event about a pod is a provisioner saying it cannot place it (the scheduler's own
+    FailedScheduling says nothing about provisioning)."""
+    return reason in NO_CAPACITY_REASONS and source != SCHEDULER
+
+
 def label_selector(match_labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
@@ -66,7 +72,7 @@ class ClusterReader:
         for event in events.items:
             source = (event.source.component if event.source else None) or event.reporting_component or ""
             name = event.involved_object.name if event.involved_object else None
-            if name not in waiting or event.reason not in NO_CAPACITY_REASONS or source == SCHEDULER:
+            if name not in waiting or not provisioner_cannot(event.reason, source):
                 continue
             at = object_time(event.last_timestamp or event.event_time or event.metadata.creation_timestamp)
             if at is not None and now - at <= NO_CAPACITY_MEMORY_S:

@@ -68,7 +68,8 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
     consolidateAfter (`idle_s`). None where the run had no such pod or node. Karpenter batches and validates
     in real time, which the compression of every other duration magnifies by the factor."""
     nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
-    pods = [life for (kind, _), life in lifetimes.items() if kind != "node" and life.get("node") in nodes]
+    pods = [life for (kind, _), life in lifetimes.items()
+            if kind in ("model", "placeholder") and life.get("node") in nodes]
     waits = [(p["placed"] - p["created"]) * factor for p in pods
              if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]
              and p.get("name") not in capped]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from autoscaler.kube.cluster import NO_CAPACITY_REASONS, SCHEDULER
+from autoscaler.kube.cluster import provisioner_cannot
 from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run
 from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
@@ -144,9 +144,9 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     live["max_pending_replicas"] = max((r["model"]["pending"] + r["model"]["starting"] for r in timeline), default=0)
     # The twin runs on the node timings the live cluster showed (Karpenter's real-time batching and
     # consolidation checks are not compressed), so the comparison is of the policy and the fleet.
-    capped = frozenset(e["involvedObject"]["name"] for e in events
-                       if e.get("reason") in NO_CAPACITY_REASONS and e.get("involvedObject", {}).get("kind") == "Pod"
-                       and ((e.get("source") or {}).get("component") or e.get("reportingComponent")) != SCHEDULER)
+    capped = frozenset(e["involvedObject"]["name"] for e in events if e.get("involvedObject", {}).get("kind") == "Pod"
+                       and provisioner_cannot(e.get("reason"), (e.get("source") or {}).get("component")
+                                              or e.get("reportingComponent") or ""))
     timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
     twin = replace(config, node_start_s=timing["provisioning_s"] or config.node_start_s)
     sim = _simulate(twin, workload, initial,
