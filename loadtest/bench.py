@@ -27,93 +27,14 @@ from pydantic import ValidationError
 from autoscaler.config import describe, read_yaml_mapping
 from autoscaler.errors import ConfigError, InputError
 from autoscaler.sim.cluster import ClusterModel
-from autoscaler.sim.rate import tick_arrivals
-from autoscaler.sim.run import RunResult, SimConfig, initial_replicas, needed_replicas, run, ticks
-from autoscaler.sim.workload import RequestWorkload
-from policies.queueing import servers_for
+from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, run, ticks
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
 from autoscaler.traces import read_trace
 from loadtest import policyset, scenarios
+from loadtest.measure import MAX_SHED, TOP_TARGET, billed, figures, floor_gpu_hours, meets, targets
 
 BUNDLED_TRACE = Path(__file__).parent / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
-# The targets: the highest class meets its SLO for 99.9 % of requests, the other classes that are never
-# shed for 99 %, and at most 5 % of a sheddable class is shed.
-TOP_TARGET, OTHER_TARGET, MAX_SHED = 0.999, 0.99, 0.05
 ABBREVIATIONS = {"critical": "crit", "standard": "std", "sheddable": "shed"}
-
-
-def targets(classes: tuple[str, ...], sheddable: tuple[str, ...]) -> dict[str, float]:
-    """Attainment target per class that is never shed (highest first)."""
-    kept = [c for c in classes if c not in sheddable]
-    return {c: TOP_TARGET if i == 0 else OTHER_TARGET for i, c in enumerate(kept)}
-
-
-def floor_gpu_hours(workload, config: SimConfig) -> float:
-    """A lower bound on GPU-hours: every tick's demand served at the SLO (the Erlang C slots its arrival
-    rate needs at its mean service time), with no start-up, provisioning or rounding waste: fractional
-    replicas, ready the instant they are needed, of `gpus_per_replica` GPUs each. What perfect, instant
-    scaling would cost (in replica GPU-hours: no node is ever partly used)."""
-    n = ticks(workload, config.tick_s)
-    k = config.server.concurrency
-    if isinstance(workload, RequestWorkload):
-        index = np.minimum((workload.arrival_s // config.tick_s).astype(int), n - 1)
-        counts = np.bincount(index, minlength=n)
-        work = np.bincount(index, weights=workload.service_s, minlength=n)
-        rates = counts / config.tick_s
-        services = np.where(counts > 0, work / np.maximum(counts, 1), 1.0)
-    else:
-        t = np.arange(n) * config.tick_s
-        win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
-        rates = tick_arrivals(workload, config.tick_s, config.arrival_seed) / config.tick_s
-        services = workload.service_s[win]
-    cache: dict[tuple[float, float], int] = {}
-    slots = 0.0
-    for rate, service in zip(rates, services):
-        key = (round(float(rate), 3), round(float(service), 3))
-        if key not in cache:
-            cache[key] = servers_for(rate_per_s=key[0], service_s=key[1], wait_s=config.slo_s,
-                                     miss_ratio=config.miss_ratio)
-        slots += cache[key]
-    return slots / k * config.tick_s / 3600.0 * config.cluster.gpus_per_replica
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if values else None
-
-
-def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_price: float = 1.0) -> dict:
-    costs = result.costs
-    gpu = costs.total_gpu_hours
-    return {
-        "policy": result.policy,
-        "slo_attainment": {c: round(v, 5) for c, v in result.outcome["slo_attainment"].items()},
-        "p99_queue_wait_s": round(result.outcome["p99_queue_wait_s"], 3),
-        "gpu_hours": round(gpu, 3),
-        "gpu_hours_vs_clairvoyant": round(gpu / clairvoyant_gpu_hours, 3) if clairvoyant_gpu_hours else None,
-        "shed_fraction": round(result.outcome["shed_fraction"], 5),
-        "shed_by_class": {c: round(v, 5) for c, v in result.outcome["shed_by_class"].items()},
-        "shed_time_s": result.outcome["shed_time_s"],
-        "warm_pool_gpu_hours": round(costs.warm_pool_s * costs.gpus_per_replica / 3600.0, 3),
-        "node_hours": round(costs.node_hours, 3),
-        "node_gpu_hours": round(costs.node_gpu_hours, 3),
-        "cost": round(costs.node_gpu_hours * gpu_hour_price, 3),
-        "time_to_capacity_s": {"p50": _percentile(result.capacity_lags_s, 50),
-                               "p95": _percentile(result.capacity_lags_s, 95)},
-        "scaling_actions": result.scaling_actions,
-        "wall_s": round(result.wall_s, 2),
-    }
-
-
-def meets(row: dict, classes: tuple[str, ...], sheddable: tuple[str, ...]) -> bool:
-    a = row["slo_attainment"]
-    return (all(a[c] >= t for c, t in targets(classes, sheddable).items())
-            and all(row["shed_by_class"][c] <= MAX_SHED for c in sheddable))
-
-
-def billed(cluster: ClusterModel) -> tuple[str, str]:
-    """What policies are compared on (a row's key) and its unit: GPU-hours of the replicas on one-GPU nodes,
-    else node GPU-hours (a node is paid for all its GPUs, used or not, until it is removed)."""
-    return ("node_gpu_hours", "node GPU-h") if cluster.gpus_per_node > 1 else ("gpu_hours", "GPU-h")
 
 
 def verdict(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...], *,

@@ -10,7 +10,7 @@ the floor once.
 Points run in parallel processes.
 
 `gpu_hours_at_target`: the fewest GPU-hours (node GPU-hours when a node has more than one GPU, see
-`bench.billed`; the document's `measure` says which) at which a policy meets the class targets (the highest class
+`measure.billed`; the document's `measure` says which) at which a policy meets the class targets (the highest class
 >= 99.9 %, the other unshed classes >= 99 %, sheddable shed <= 5 %). Over the points ordered by GPU-hours,
 the target is met first between a point that misses and one that meets: the GPU-hours there are
 interpolated linearly on the binding margin (the smallest of attainment - target and 5 % - shed). "never"
@@ -29,24 +29,21 @@ import numpy as np
 
 from autoscaler.sim.run import run
 from loadtest import policyset
+from loadtest.measure import billed, figures, floor_gpu_hours, margin, targets
 
 UTILIZATIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CAPACITY_RATIOS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 STATIC_STEPS = 8
 
-_SETUP = None  # per worker process
+_SETUP = None  # per worker process: the benchmark's setup, sent once to each
 
 
-def _init(args: argparse.Namespace) -> None:
+def _init(setup) -> None:
     global _SETUP
-    from loadtest.bench import prepare
-
-    _SETUP = prepare(args)
+    _SETUP = setup
 
 
 def _point(task: tuple[str, float | None]) -> dict:
-    from loadtest.bench import figures
-
     name, knob = task
     setup = _SETUP
     runner = policyset.policy(name, setup.config, setup.needed, predictive=setup.spec, max_replicas=setup.bound,
@@ -70,25 +67,18 @@ def knob_values(name: str, needed: np.ndarray) -> tuple[float | None, ...]:
     return (None,)
 
 
-def margin(row: dict, targets: dict[str, float], sheddable: tuple[str, ...], max_shed: float) -> float:
-    """How far a point is inside the targets (negative: how far outside), in attainment units."""
-    a = row["slo_attainment"]
-    parts = [a[c] - t for c, t in targets.items()] + [max_shed - row["shed_by_class"][c] for c in sheddable]
-    return min(parts)
-
-
-def at_target(points: list[dict], targets: dict[str, float], sheddable: tuple[str, ...], max_shed: float,
+def at_target(points: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...],
               key: str = "gpu_hours") -> float | None:
     ordered = sorted(points, key=lambda p: p[key])
     for i, p in enumerate(ordered):
-        m = margin(p, targets, sheddable, max_shed)
+        m = margin(p, classes, sheddable)
         if m < 0:
             continue
-        below = [q for q in ordered[:i] if margin(q, targets, sheddable, max_shed) < 0]
+        below = [q for q in ordered[:i] if margin(q, classes, sheddable) < 0]
         if not below:
             return round(p[key], 3)
         q = below[-1]
-        mq = margin(q, targets, sheddable, max_shed)
+        mq = margin(q, classes, sheddable)
         share = -mq / (m - mq) if m != mq else 1.0
         return round(q[key] + share * (p[key] - q[key]), 3)
     return None
@@ -97,7 +87,7 @@ def at_target(points: list[dict], targets: dict[str, float], sheddable: tuple[st
 def sweep(args: argparse.Namespace, setup, names: tuple[str, ...]) -> dict[str, list[dict]]:
     tasks = [(name, value) for name in names for value in knob_values(name, setup.needed)]
     workers = args.workers or os.cpu_count() or 1
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_init, initargs=(args,)) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_init, initargs=(setup,)) as pool:
         rows = list(pool.map(_point, tasks))
     out: dict[str, list[dict]] = {name: [] for name in names}
     for (name, _), row in zip(tasks, rows):
@@ -135,15 +125,13 @@ def plot(path: str, frontier: dict[str, list[dict]], at: dict[str, float | None]
 
 
 def frontier_main(args: argparse.Namespace, setup) -> int:
-    from loadtest.bench import MAX_SHED, billed, floor_gpu_hours, targets
-
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)
     frontier = sweep(args, setup, names)
     wanted = targets(setup.classes, setup.sheddable)
     key, unit = billed(setup.config.cluster)
-    at = {name: at_target(points, wanted, setup.sheddable, MAX_SHED, key) for name, points in frontier.items()}
+    at = {name: at_target(points, setup.classes, setup.sheddable, key) for name, points in frontier.items()}
     floor = floor_gpu_hours(setup.workload, setup.config)
     clairvoyant = frontier["clairvoyant"][0][key] if frontier.get("clairvoyant") else None
     doc = {

@@ -154,6 +154,5 @@ def test_on_multi_gpu_nodes_the_verdict_and_the_frontier_compare_what_nodes_cost
     replicas = verdict(rows, classes, sheddable, cluster=ClusterModel())
     assert "vs static (reaches our attainment): 100.0 vs 110.0 GPU-h -> fewer" in replicas
     points = [_row("x", 100.0, 140.0), _row("x", 90.0, 150.0, attainment=0.99)]
-    wanted = {"critical": 0.999, "standard": 0.99}
-    assert at_target(points, wanted, sheddable, 0.05) == pytest.approx(99.474)  # between the miss at 90 and 100
-    assert at_target(points, wanted, sheddable, 0.05, "node_gpu_hours") == 140.0  # the miss costs more nodes
+    assert at_target(points, classes, sheddable) == pytest.approx(99.474)  # between the miss at 90 and 100
+    assert at_target(points, classes, sheddable, "node_gpu_hours") == 140.0  # the miss costs more nodes

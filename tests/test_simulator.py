@@ -426,3 +426,25 @@ def test_one_replica_per_node_is_todays_slot_model_and_node_gpu_hours_equal_gpu_
 def test_an_impossible_shape_is_a_clear_error(shape, words):
     with pytest.raises(ValueError, match=words):
         ClusterModel(**shape)
+
+
+def test_a_tick_is_sized_for_its_busiest_bin_by_the_policys_rule():
+    """Two 7.5-s bins per 15-s tick: 30 requests in the first bin and 6 in the second make the tick's rate
+    4 req/s (30 / 7.5), not 2.4 (36 / 15); without bins it is the whole tick's. The replicas each tick needs
+    are `replicas_for_rate` of that rate, as the policy sizes."""
+    from autoscaler.sim.run import SimConfig, needed_replicas, sizing_spec
+    from autoscaler.sim.ticks import tick_demand
+    from policies.engine import replicas_for_rate
+
+    arrivals = np.concatenate([np.linspace(0.0, 7.0, 30), np.linspace(8.0, 14.0, 6), [20.0]])
+    n = len(arrivals)
+    workload = RequestWorkload(
+        name="bins", scale=1.0, arrival_s=arrivals, service_s=np.full(n, 3.0), output_tokens=np.ones(n),
+        priority=np.zeros(n, dtype=np.int8), uniform=np.ones(n), span_s=30.0,
+    )
+    rates, services = tick_demand(workload, 15.0, bin_s=7.5)
+    assert rates.tolist() == [4.0, 1 / 7.5] and services.tolist() == [3.0, 3.0]
+    assert tick_demand(workload, 15.0)[0].tolist() == [36 / 15, 1 / 15]
+    config = SimConfig(slo_s=7.5)
+    assert needed_replicas(workload, config).tolist() == [
+        max(1, replicas_for_rate(sizing_spec(config), round(r, 3), 3.0)) for r in rates]

@@ -20,11 +20,10 @@ import numpy as np
 
 from autoscaler.errors import ConfigError
 from autoscaler.replay.recording import Recording, read_recording
-from autoscaler.sim.rate import tick_arrivals
+from autoscaler.sim.ticks import replicas_for_rates, tick_demand
 from autoscaler.sim.workload import RequestWorkload, WorkloadConfig, build
 from autoscaler.traces import read_trace
 from policies import PolicySpec
-from policies.queueing import servers_for
 
 
 @dataclass
@@ -50,16 +49,8 @@ class Demand:
 
 
 def replicas_needed(spec: PolicySpec, rate: np.ndarray, service: np.ndarray) -> np.ndarray:
-    cache: dict[tuple[float, float], int] = {}
-    out = np.zeros(len(rate), dtype=int)
-    for i, (r, s) in enumerate(zip(rate, service)):
-        key = (round(float(r), 3), round(float(s), 3))
-        if key not in cache:
-            slots = servers_for(rate_per_s=key[0], service_s=max(key[1], 1e-3), wait_s=spec.slo_queue_wait_s,
-                                miss_ratio=spec.slo_miss_target_ratio)
-            cache[key] = math.ceil(slots / spec.replica_concurrency)
-        out[i] = cache[key]
-    return out
+    """The replicas each tick's demand needs at the SLO: the policy's rule, service times of at least 1 ms."""
+    return replicas_for_rates(spec, rate, np.maximum(service, 1e-3))
 
 
 def from_trace(path: str, spec: PolicySpec, *, scale: float | None, peak_replicas: int | None) -> Demand:
@@ -72,22 +63,12 @@ def from_trace(path: str, spec: PolicySpec, *, scale: float | None, peak_replica
     config = WorkloadConfig(peak_replicas=peak_replicas or 40, scale=scale, server=server)
     workload = build(trace, config)
     tick = spec.tick_s
-    n = max(1, math.ceil(workload.span_s / tick))
+    rate, service = tick_demand(workload, tick)
     tokens: dict[str, np.ndarray] = {}
+    per_request = None
     if isinstance(workload, RequestWorkload):
-        index = np.minimum((workload.arrival_s // tick).astype(int), n - 1)
-        counts = np.bincount(index, minlength=n)
-        work = np.bincount(index, weights=workload.service_s, minlength=n)
-        rate = counts / tick
-        service = np.where(counts > 0, work / np.maximum(counts, 1), float(workload.service_s.mean()))
         per_request = workload.service_s
         tokens = {"input": trace.input_tokens, "output": trace.output_tokens}
-    else:
-        t = np.arange(n) * tick
-        win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
-        rate = tick_arrivals(workload, tick) / tick
-        service = workload.service_s[win]
-        per_request = None
     share = dict(zip(CLASSES, (x / sum(DEFAULT_MIX) for x in DEFAULT_MIX)))
     return Demand(
         name=workload.name, source="trace", tick_s=tick, rate=rate, service_s=service, concurrency=rate * service,

@@ -9,7 +9,6 @@ first lead-time of the workload truly needs, ready, on the cluster's shape (`Clu
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,12 +17,12 @@ import numpy as np
 
 from autoscaler.sim.cluster import ClusterModel, Costs, SimCluster
 from autoscaler.sim.guard import Guard
-from autoscaler.sim.rate import RateSim, tick_arrivals
+from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
+from autoscaler.sim.ticks import replicas_for_rates, tick_demand, ticks
 from autoscaler.sim.workload import RateWorkload, RequestWorkload, ServerModel
 from autoscaler.timeline import timeline_row
 from policies import PolicySpec
-from policies.queueing import servers_for
 
 
 @dataclass(frozen=True)
@@ -77,43 +76,19 @@ def initial_replicas(needed: np.ndarray, config: SimConfig) -> int:
     return int(needed[: int(config.cold_start_s // config.tick_s) + 1].max())
 
 
-def ticks(workload: RequestWorkload | RateWorkload, tick_s: float) -> int:
-    return max(1, math.ceil(workload.span_s / tick_s))
+def sizing_spec(config: SimConfig) -> PolicySpec:
+    """The policy fields the simulated cluster fixes: what `replicas_for_rate` sizes with."""
+    return PolicySpec(tick_s=config.tick_s, replica_concurrency=config.server.concurrency,
+                      slo_queue_wait_s=config.slo_s, slo_miss_target_ratio=config.miss_ratio)
 
 
 def needed_replicas(workload: RequestWorkload | RateWorkload, config: SimConfig) -> np.ndarray:
-    """Replicas each tick truly needs to meet the SLO, from the actual (future) traffic."""
-    n = ticks(workload, config.tick_s)
-    k = config.server.concurrency
-    if isinstance(workload, RequestWorkload):
-        # A queue wait of one SLO absorbs fluctuations shorter than the SLO, not longer ones: size each
-        # tick for its busiest SLO-long sub-window.
-        width = config.tick_s / max(1, round(config.tick_s / max(config.slo_s, 1.0)))
-        per_tick = round(config.tick_s / width)
-        index = np.minimum((workload.arrival_s // width).astype(int), n * per_tick - 1)
-        counts = np.bincount(index, minlength=n * per_tick)
-        work = np.bincount(index, weights=workload.service_s, minlength=n * per_tick)
-        busiest = counts.reshape(n, per_tick).argmax(axis=1) + np.arange(n) * per_tick
-        counts, work = counts[busiest], work[busiest]
-        mean_service = float(workload.service_s.mean())
-        rates = counts / width
-        services = np.where(counts > 0, work / np.maximum(counts, 1), mean_service)
-        waits = np.full(n, config.slo_s)
-    else:
-        t = np.arange(n) * config.tick_s
-        win = np.minimum((t // workload.window_s).astype(int), len(workload.rate_per_s) - 1)
-        arrivals = tick_arrivals(workload, config.tick_s, config.arrival_seed)
-        rates, services = arrivals / config.tick_s, workload.service_s[win]
-        waits = np.full(n, config.slo_s)
-    need = np.empty(n, dtype=int)
-    cache: dict[tuple, int] = {}
-    for i in range(n):
-        key = (round(float(rates[i]), 3), round(float(services[i]), 3), round(float(waits[i]), 3))
-        if key not in cache:
-            slots = servers_for(rate_per_s=key[0], service_s=key[1], wait_s=key[2], miss_ratio=config.miss_ratio)
-            cache[key] = max(1, math.ceil(slots / k))
-        need[i] = cache[key]
-    return need
+    """Replicas each tick truly needs to meet the SLO, from the actual (future) traffic; at least one."""
+    # A queue wait of one SLO absorbs fluctuations shorter than the SLO, not longer ones: size each tick
+    # for its busiest SLO-long sub-window.
+    bin_s = config.tick_s / max(1, round(config.tick_s / max(config.slo_s, 1.0)))
+    rates, services = tick_demand(workload, config.tick_s, seed=config.arrival_seed, bin_s=bin_s)
+    return np.maximum(1, replicas_for_rates(sizing_spec(config), rates, services))
 
 
 def run(

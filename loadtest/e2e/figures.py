@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.sim.run import RunResult
+from loadtest.measure import warm_pool_gpu_hours
 
 
 def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) -> dict:
@@ -95,7 +96,7 @@ def simulated_figures(result: RunResult) -> dict:
         "shed_fraction": result.outcome["shed_by_class"],
         "p99_queue_wait_s": result.outcome["p99_queue_wait_s"],
         "gpu_hours": round(result.costs.total_gpu_hours, 3),
-        "warm_pool_gpu_hours": round(result.costs.warm_pool_s / 3600.0, 3),
+        "warm_pool_gpu_hours": round(warm_pool_gpu_hours(result.costs), 3),
         "max_pending_replicas": pending,
         "scaling_actions": result.scaling_actions,
     }
