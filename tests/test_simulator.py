@@ -69,10 +69,10 @@ def test_new_replica_waits_for_a_node_unless_a_warm_slot_is_free():
     assert cluster.pods[-1].ready_s == pytest.approx(400.0)
     cluster.warm_to(1)  # placeholder needs a node too
     cluster.advance(300.0)
-    assert len(cluster.warm_ready) == 1
+    assert cluster.state().warm_slots_ready == 1
     cluster.scale_to(3)
     assert cluster.pods[-1].ready_s == pytest.approx(400.0)  # 300 + start-up only
-    assert len(cluster.warm_ready) == 0
+    assert cluster.warm_slots == 0
 
 
 def test_freed_slot_is_reused_before_a_new_node():
@@ -274,8 +274,6 @@ def test_the_simulators_follow_the_policys_classes():
 
 
 def test_a_node_limit_leaves_replicas_pending_without_cost_until_it_is_raised():
-    from autoscaler.sim.cluster import ClusterModel, SimCluster
-
     model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=50.0, node_jitter_ratio=0.0,
                          node_limit=((0.0, 3), (1000.0, 10)))
     cluster = SimCluster.started(model, replicas=2, now=0.0)
@@ -283,7 +281,7 @@ def test_a_node_limit_leaves_replicas_pending_without_cost_until_it_is_raised():
     state = cluster.state()
     assert (state.spec_replicas, state.ready_replicas, state.no_capacity_pods) == (5, 2, 2)
     cluster.warm_to(2)  # no room for warm capacity either
-    assert cluster.state().warm_slots_ready == 0 and not cluster.warm_pending
+    assert cluster.state().warm_slots_ready == 0 and cluster.warm_slots == 0
     cluster.advance(500.0)
     cluster.scale_to(4)  # an unplaced replica goes first, and costs nothing
     assert cluster.state().no_capacity_pods == 1
@@ -359,8 +357,7 @@ def test_idle_gpus_of_a_partly_used_node_and_the_gpus_no_replica_fits_are_paid_f
     assert costs.total_gpu_hours == pytest.approx(6 * 1000.0 / 3600.0)
     assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)
 
-    alone = SimCluster.started(_shape(6, 8), replicas=1, now=0.0)  # one per node: the slot model
-    assert not hasattr(alone, "nodes")
+    alone = SimCluster.started(_shape(6, 8), replicas=1, now=0.0)  # one per node
     alone.advance(1000.0)
     costs = alone.finish()
     assert (costs.total_gpu_hours, costs.node_gpu_hours) == pytest.approx((6000.0 / 3600.0, 8000.0 / 3600.0))
@@ -403,11 +400,10 @@ def test_the_node_limit_counts_nodes():
     assert cluster.pods[-1].ready_s == pytest.approx(900.0) and cluster.capacity_lags_s == [900.0]
 
 
-def test_one_replica_per_node_is_todays_slot_model_and_node_gpu_hours_equal_gpu_hours():
+def test_with_one_replica_per_node_node_gpu_hours_equal_gpu_hours():
     model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=0.0,
                          node_jitter_ratio=0.0, node_idle_timeout_s=600.0)
     cluster = SimCluster.started(model, replicas=0, now=0.0)
-    assert type(cluster) is SimCluster
     cluster.scale_to(1)
     cluster.advance(1000.0)
     cluster.scale_to(0)
@@ -415,6 +411,40 @@ def test_one_replica_per_node_is_todays_slot_model_and_node_gpu_hours_equal_gpu_
     costs = cluster.finish()
     assert costs.node_gpu_hours == costs.total_gpu_hours == pytest.approx(1600.0 / 3600.0)
     assert costs.node_hours == costs.total_gpu_hours
+
+
+def test_a_placeholder_withdrawn_before_its_node_arrives_leaves_the_node_to_idle_out():
+    """One replica per node. The node requested at 0 for a placeholder withdrawn at 100 is not cancelled: a
+    replica ordered at 200 takes its slot, Ready at its arrival (300) + start-up; removed at once, it leaves
+    the node empty from 200, removed 600 s later: billed 800 s, 100 of them warm pool and 700 idle."""
+    cluster = SimCluster.started(_shape(1, 1), replicas=0, now=0.0)
+    cluster.warm_to(1)
+    cluster.advance(100.0)
+    cluster.warm_to(0)
+    assert len(cluster.nodes) == 1 and cluster.state().idle_slots == 0  # not arrived: no slot to offer yet
+    cluster.advance(200.0)
+    cluster.scale_to(1)
+    assert cluster.pods[-1].ready_s == pytest.approx(400.0) and len(cluster.nodes) == 1
+    cluster.scale_to(0)
+    cluster.advance(1000.0)
+    assert not cluster.nodes
+    costs = cluster.finish()
+    assert costs.node_s == pytest.approx(800.0)  # requested at 0, emptied again at 200, removed at 800
+    assert costs.warm_pool_s == pytest.approx(100.0) and costs.warming_s == 0.0
+    assert costs.idle_s == pytest.approx(100.0 + 600.0)
+
+
+def test_a_slot_freed_before_its_node_arrives_takes_a_replica_on_the_nodes_arrival():
+    """One replica per node: a replica ordered at 0 (node at 300) and removed at 50 leaves a slot on a node
+    still being provisioned; a replica ordered at 100 takes it and is Ready at 300 + start-up, not 100 +
+    start-up as if the node were there."""
+    cluster = SimCluster.started(_shape(1, 1), replicas=0, now=0.0)
+    cluster.scale_to(1)
+    cluster.advance(50.0)
+    cluster.scale_to(0)
+    cluster.advance(100.0)
+    cluster.scale_to(1)
+    assert cluster.pods[-1].ready_s == pytest.approx(400.0) and len(cluster.nodes) == 1
 
 
 @pytest.mark.parametrize("shape,words", [

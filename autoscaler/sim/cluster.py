@@ -1,23 +1,31 @@
-"""A simulated GPU cluster for one model: replicas, warm slots and idle nodes, with their GPU cost.
+"""The simulated GPU cluster of one model: nodes of replica-shaped slots, replicas, warm placeholders and
+their GPU cost, behind the small `Cluster` protocol the simulator's drivers use (`run`, `rate`, `request`).
 
 A replica needs `gpus_per_replica` GPUs (N) on one node of `gpus_per_node` GPUs (M): a node has k = M // N
-replica-shaped slots, and the M mod N GPUs left over serve no replica but are paid for. This module is the
-slot model, exact for k = 1 (one slot is one node); `autoscaler.sim.nodes` tracks nodes of k > 1 slots,
-and `SimCluster.started` picks the model from the shape.
+replica-shaped slots, and the M mod N GPUs left over serve no replica but are paid for. The ordinary case
+is one replica per node (k = 1: one-GPU replicas on one-GPU nodes). A node exists, and is billed for all M
+GPUs, from its request (provisioning) to its removal: while any slot holds a replica or a warm placeholder,
+and for `node_idle_timeout_s` after its last slot freed (cluster-autoscaler's scale-down-unneeded-time,
+Karpenter's consolidateAfter), whether it had arrived or not (its request is not withdrawn). E.g. 4-GPU
+replicas on 8-GPU nodes: two replicas share a node and cost 8 GPUs, one replica alone costs 8 GPUs too (4 of
+them idle), and a 3-GPU replica leaves 2 GPUs of every node unused.
 
-One replica needs one slot. A new replica lands, in this order of preference, on:
-1. a ready warm slot (a placeholder pod is preempted): ready after its start-up time;
-2. an idle node slot (freed recently, not yet removed by the cluster autoscaler): start-up time;
-3. a placeholder still waiting for its node: that node's arrival, then start-up;
-4. a new node: node provisioning, then start-up.
-Start-up and provisioning times are drawn with jitter from a seeded RNG (deterministic).
-Scale-down removes the newest (least ready) replicas first; a freed slot goes to a pending placeholder if
-one waits, else idles for `node_idle_timeout_s` (cluster-autoscaler's scale-down-unneeded-time, 10 min).
+A new replica lands, in this order of preference:
+1. on a ready warm slot (its placeholder is preempted): start-up;
+2. on a free slot of a ready node, the fullest first (so that emptier nodes can go): start-up;
+3. on a free slot of a node being provisioned, the earliest first: that node's arrival, then start-up;
+4. in place of a placeholder waiting for its node: that node's arrival, then start-up;
+5. on a new node, which brings k slots: provisioning, then start-up; beyond `node_limit` (in nodes) it stays
+   Pending, unplaced, at no cost, until the limit is raised.
+A placeholder goes to 2, 3 or 5. Start-up and provisioning times are drawn with jitter from a seeded RNG
+(deterministic). Scale-down removes unplaced and then not-ready replicas, least ready first; then ready ones
+from the least-used node, which is what the controller's pod-deletion-cost ordering makes the ReplicaSet do,
+so that whole nodes empty out. A slot freed on a ready node takes a placeholder still waiting for its node,
+as the scheduler would place that Pending pod.
 
-GPU cost, all counted, in slot-seconds: replicas from creation (warming) to removal (serving), placeholders
-from request to removal or preemption (warm pool), idle nodes until reused or removed (idle); x N GPUs.
-A node is billed from its request to its removal: with k = 1 its life is its slot's, so node GPU-hours
-are the slot-seconds x M (x N for the replica-level figure).
+GPU cost, in slot-seconds: replicas from creation (warming) to removal (serving), placeholders from request
+to removal or preemption (warm pool), free slots of empty nodes (idle) and of nodes in use (spare); node
+seconds from request to removal. Node-seconds x k = warming + serving + warm pool + idle + spare.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -106,28 +114,78 @@ class Costs:
         return self.node_s * self.gpus_per_node / 3600.0
 
 
+class Cluster(Protocol):
+    """What the simulator's drivers use of a simulated cluster: time, observation, actions, the bill."""
+
+    scaling_actions: int
+    capacity_lags_s: list[float]  # order -> Ready of every replica added after the start
+
+    @property
+    def replicas(self) -> int: ...  # ordered (the Deployment's spec), placed or not
+
+    @property
+    def warm_slots(self) -> int: ...  # placeholders, ready or waiting for their node
+
+    def advance(self, now: float) -> None: ...
+
+    def ready(self, at: float | None = None) -> int: ...
+
+    def ready_times_between(self, start: float, end: float) -> list[float]: ...
+
+    def state(self) -> ClusterState: ...
+
+    def scale_to(self, replicas: int) -> None: ...
+
+    def warm_to(self, slots: int) -> None: ...
+
+    def finish(self) -> Costs: ...
+
+
+@dataclass(eq=False)
+class _Node:
+    created_s: float
+    ready_s: float  # arrival: from then on the node takes pods
+    pods: list[_Pod] = field(default_factory=list)
+    placeholders: list[float] = field(default_factory=list)  # creation times of its warm placeholders, sorted
+    empty_since: float | None = None  # when its last slot freed; None while a slot is used
+    settled_s: float = 0.0  # its free slots are billed up to here
+
+    @property
+    def used(self) -> int:
+        return len(self.pods) + len(self.placeholders)
+
+
 @dataclass
 class _Pod:
     created_s: float
-    ready_s: float
-    node: Any = field(default=None, compare=False, repr=False)  # its `nodes._Node` in the node model
+    ready_s: float  # math.inf while unplaced
+    node: _Node | None = field(default=None, compare=False, repr=False)  # None while unplaced
+
+
+def _ready_key(pod: _Pod) -> float:
+    return pod.ready_s
+
+
+def _remove_this(items: list, item: object) -> None:
+    """Remove `item` itself, not an equal one: two pods created and ready together compare equal."""
+    del items[next(i for i in range(len(items) - 1, -1, -1) if items[i] is item)]
 
 
 @dataclass
 class SimCluster:
+    """The cluster's nodes, replicas and placeholders at `now`, and what they cost so far."""
+
     model: ClusterModel
     now: float
     pods: list[_Pod] = field(default_factory=list)  # sorted by ready_s
-    warm_ready: list[float] = field(default_factory=list)  # creation times
-    warm_pending: list[tuple[float, float]] = field(default_factory=list)  # (created, node ready)
-    idle: list[tuple[float, float]] = field(default_factory=list)  # (freed, expires)
+    nodes: list[_Node] = field(default_factory=list)  # in order of request
     costs: Costs = field(default_factory=Costs)
     scaling_actions: int = 0
     # How long each replica added after the start took from its order to Ready: the time to capacity.
     capacity_lags_s: list[float] = field(default_factory=list)
     unplaced: list[float] = field(default_factory=list)  # creation times of replicas no node can be made for
-    _startups_seen: list[float] = field(default_factory=list)
     _reported_until: float = -1e18
+    _placeholders: int = 0  # over all nodes: the warm slots, counted as they come and go
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.model.seed)
@@ -136,13 +194,14 @@ class SimCluster:
 
     @classmethod
     def started(cls, model: ClusterModel, *, replicas: int, now: float) -> "SimCluster":
-        """`replicas` ready at `now`; the node model when a node holds more than one replica."""
-        if cls is SimCluster and model.replicas_per_node > 1:
-            from autoscaler.sim.nodes import NodeCluster  # it builds on this module
-
-            return NodeCluster.started(model, replicas=replicas, now=now)
+        """`replicas` ready at `now`, packed k to a node."""
         cluster = cls(model=model, now=now)
-        cluster.pods = [_Pod(now, now) for _ in range(replicas)]
+        for i in range(replicas):
+            if i % model.replicas_per_node == 0:
+                cluster.nodes.append(_Node(now, now, settled_s=now))
+            pod = _Pod(now, now, cluster.nodes[-1])
+            cluster.nodes[-1].pods.append(pod)
+            cluster.pods.append(pod)
         return cluster
 
     # -- time -------------------------------------------------------------------------------------------
@@ -154,42 +213,10 @@ class SimCluster:
         j = self.model.node_jitter_ratio
         return self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
 
-    def advance(self, now: float) -> None:
-        """Expire idle nodes and land pending placeholders up to `now`."""
-        kept = []
-        for freed, expires in self.idle:
-            if expires <= now:
-                self.costs.idle_s += expires - freed
-            else:
-                kept.append((freed, expires))
-        self.idle = kept
-        landed = [p for p in self.warm_pending if p[1] <= now]
-        if landed:
-            self.warm_pending = [p for p in self.warm_pending if p[1] > now]
-            self.warm_ready += [created for created, _ in landed]
-        self.now = now
-        while self.unplaced and self._nodes() < self.model.nodes_allowed(now):
-            created = self.unplaced.pop(0)
-            self.pods.remove(next(p for p in self.pods if p.created_s == created and p.ready_s == math.inf))
-            ready = now + self._provisioning() + self._startup()
-            bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)  # billed from its node on
-            self.capacity_lags_s.append(ready - created)
-
-    def _nodes(self) -> int:
-        """Nodes that exist or are being made: placed replicas, warm slots, idle nodes."""
-        return len(self.pods) - len(self.unplaced) + len(self.warm_ready) + len(self.warm_pending) + len(self.idle)
-
     # -- observation ----------------------------------------------------------------------------------------
     @property
-    def warm_slots(self) -> int:
-        """Placeholders, ready or waiting for their node."""
-        return len(self.warm_ready) + len(self.warm_pending)
-
-    def _warm_slots_ready(self) -> int:
-        return len(self.warm_ready)
-
-    def _idle_slots(self) -> int:
-        return len(self.idle)
+    def replicas(self) -> int:
+        return len(self.pods)
 
     def ready(self, at: float | None = None) -> int:
         at = self.now if at is None else at
@@ -200,6 +227,7 @@ class SimCluster:
 
     def state(self) -> ClusterState:
         ready = self.ready()
+        warm_ready, idle = self._arrived_slots()
         seen = tuple(
             p.ready_s - p.created_s
             for p in self.pods
@@ -210,8 +238,8 @@ class SimCluster:
             spec_replicas=len(self.pods),
             ready_replicas=ready,
             starting_replicas=len(self.pods) - ready,
-            warm_slots_ready=self._warm_slots_ready(),
-            idle_slots=self._idle_slots(),
+            warm_slots_ready=warm_ready,
+            idle_slots=idle,
             unschedulable_pods=len(self.unplaced),
             no_capacity_pods=len(self.unplaced),
             no_capacity_reason="the node pool's limit is reached" if self.unplaced else "",
@@ -219,51 +247,6 @@ class SimCluster:
             startup_durations_s=seen,
             at_s=self.now,
         )
-
-    # -- actions --------------------------------------------------------------------------------------------
-    def _free_slot(self) -> None:
-        if self.warm_pending:
-            created, _ = self.warm_pending.pop()
-            self.warm_ready.append(created)
-        else:
-            self.idle.append((self.now, self.now + self.model.node_idle_timeout_s))
-
-    def _take_idle(self) -> bool:
-        if not self.idle:
-            return False
-        freed, _ = self.idle.pop()
-        self.costs.idle_s += self.now - freed
-        return True
-
-    def _add_pod(self) -> None:
-        now = self.now
-        if self.warm_ready:
-            created = self.warm_ready.pop()
-            self.costs.warm_pool_s += now - created
-            ready = now + self._startup()
-        elif self._take_idle():
-            ready = now + self._startup()
-        elif self.warm_pending:
-            created, node_ready = self.warm_pending.pop(0)
-            self.costs.warm_pool_s += now - created
-            ready = node_ready + self._startup()
-        elif self._nodes() >= self.model.nodes_allowed(now):
-            self.unplaced.append(now)
-            bisect.insort(self.pods, _Pod(now, math.inf), key=lambda p: p.ready_s)
-            return
-        else:
-            ready = now + self._provisioning() + self._startup()
-        bisect.insort(self.pods, _Pod(now, ready), key=lambda p: p.ready_s)
-        self.capacity_lags_s.append(ready - now)
-
-    def _remove_pod(self) -> None:
-        pod = self.pods.pop()  # the least ready: an unplaced one first
-        if pod.ready_s == math.inf:
-            self.unplaced.remove(pod.created_s)
-            return  # never had a node: nothing to bill, nothing freed
-        self.costs.warming_s += min(self.now, pod.ready_s) - pod.created_s
-        self.costs.serving_s += max(0.0, self.now - pod.ready_s)
-        self._free_slot()
 
     def scale_to(self, replicas: int) -> None:
         replicas = max(0, replicas)
@@ -274,31 +257,187 @@ class SimCluster:
         while len(self.pods) > replicas:
             self._remove_pod()
 
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def _settle(self, node: _Node, at: float) -> None:
+        """Bill the node's free slots up to `at`: idle if it is empty, spare if not."""
+        free = self.model.replicas_per_node - node.used
+        if free and at > node.settled_s:
+            if node.used:
+                self.costs.spare_s += free * (at - node.settled_s)
+            else:
+                self.costs.idle_s += free * (at - node.settled_s)
+        node.settled_s = max(node.settled_s, at)
+
+    def _occupy(self, node: _Node) -> None:
+        self._settle(node, self.now)
+        node.empty_since = None
+
+    def _vacated(self, node: _Node) -> None:
+        """A slot of `node` was just freed (already settled)."""
+        if node.used == 0:
+            node.empty_since = self.now
+
+    def _new_node(self) -> _Node:
+        node = _Node(self.now, self.now + self._provisioning(), settled_s=self.now)
+        self.nodes.append(node)
+        return node
+
+    def _drop(self, node: _Node, at: float) -> None:
+        self._settle(node, at)
+        self.costs.node_s += at - node.created_s
+        self.nodes.remove(node)
+
+    def _arrived(self, node: _Node) -> bool:
+        return node.ready_s <= self.now
+
+    @property
+    def warm_slots(self) -> int:
+        return self._placeholders
+
+    def _arrived_slots(self) -> tuple[int, int]:
+        """(warm slots, free slots) on the nodes that have arrived: all of them, less those on nodes still being
+        provisioned, which are among the last requested (every tick observes this; a fleet has hundreds of nodes)."""
+        k, now = self.model.replicas_per_node, self.now
+        placed = len(self.pods) - len(self.unplaced)
+        warm, free = self._placeholders, k * len(self.nodes) - placed - self._placeholders
+        surely_arrived_s = now - self.model.node_provisioning_s * (1 + self.model.node_jitter_ratio) - 1.0
+        for n in reversed(self.nodes):  # in order of request, the latest first
+            if n.created_s < surely_arrived_s:
+                break
+            if n.ready_s > now:
+                warm -= len(n.placeholders)
+                free -= k - len(n.pods) - len(n.placeholders)
+        return warm, free
+
+    # -- placement ------------------------------------------------------------------------------------------
+    def _room(self, *, arrived: bool) -> _Node | None:
+        """A node with a free slot: of the ready ones the fullest (of empty ones the last emptied, so the
+        others expire first), of those being provisioned the earliest."""
+        k, now = self.model.replicas_per_node, self.now
+        nodes = [n for n in self.nodes if (n.ready_s <= now) == arrived and len(n.pods) + len(n.placeholders) < k]
+        if not nodes:
+            return None
+        if arrived:
+            return max(nodes, key=lambda n: (n.used, -math.inf if n.empty_since is None else n.empty_since))
+        return min(nodes, key=lambda n: n.ready_s)
+
+    def _place(self) -> tuple[_Node, float] | None:
+        """Where a new replica goes and when it is Ready; None when only a node beyond the limit would do."""
+        now = self.now
+        warm = [n for n in self.nodes if n.placeholders and self._arrived(n)] if self._placeholders else []
+        if warm:
+            node = max(warm, key=lambda n: n.placeholders[-1])  # the newest placeholder
+            self._occupy(node)
+            self.costs.warm_pool_s += now - node.placeholders.pop()
+            self._placeholders -= 1
+            return node, now + self._startup()
+        node = self._room(arrived=True)
+        if node is not None:
+            self._occupy(node)
+            return node, now + self._startup()
+        node = self._room(arrived=False)
+        if node is not None:
+            self._occupy(node)
+            return node, node.ready_s + self._startup()
+        waiting = [n for n in self.nodes if n.placeholders] if self._placeholders else []
+        if waiting:
+            node = min(waiting, key=lambda n: n.ready_s)
+            self._occupy(node)
+            self.costs.warm_pool_s += now - node.placeholders.pop(0)
+            self._placeholders -= 1
+            return node, node.ready_s + self._startup()
+        if len(self.nodes) >= self.model.nodes_allowed(now):
+            return None
+        node = self._new_node()
+        return node, node.ready_s + self._startup()
+
+    def _land(self, node: _Node, ready: float) -> _Pod:
+        pod = _Pod(self.now, ready, node)
+        node.pods.append(pod)
+        bisect.insort(self.pods, pod, key=_ready_key)
+        return pod
+
+    def _add_pod(self) -> None:
+        placed = self._place()
+        if placed is None:
+            self.unplaced.append(self.now)
+            bisect.insort(self.pods, _Pod(self.now, math.inf), key=_ready_key)
+            return
+        pod = self._land(*placed)
+        self.capacity_lags_s.append(pod.ready_s - pod.created_s)
+
+    def _victim(self) -> _Pod:
+        """Unplaced, then not ready (least ready first), then a ready one on the least-used node."""
+        last = self.pods[-1]
+        if last.ready_s > self.now or self.model.replicas_per_node == 1:
+            return last  # one replica per node: every node in use holds one
+        best = last
+        for pod in reversed(self.pods):
+            if pod.node.used < best.node.used:
+                best = pod
+        return best
+
+    def _remove_pod(self) -> None:
+        pod = self._victim()
+        _remove_this(self.pods, pod)
+        if pod.node is None:
+            self.unplaced.remove(pod.created_s)
+            return  # never had a node: nothing to bill, nothing freed
+        self.costs.warming_s += min(self.now, pod.ready_s) - pod.created_s
+        self.costs.serving_s += max(0.0, self.now - pod.ready_s)
+        node = pod.node
+        self._settle(node, self.now)
+        _remove_this(node.pods, pod)
+        waiting = [n for n in self.nodes if n.placeholders and not self._arrived(n)] \
+            if self._placeholders and self._arrived(node) else []
+        if waiting:
+            source = max(waiting, key=lambda n: n.ready_s)
+            self._settle(source, self.now)
+            bisect.insort(node.placeholders, source.placeholders.pop())  # keeps its creation time: billed throughout
+            self._vacated(source)
+        self._vacated(node)
+
+    # -- time and the warm pool ----------------------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """Remove nodes empty for the idle timeout, then place unplaced replicas if there is room."""
+        timeout = self.model.node_idle_timeout_s
+        for node in [n for n in self.nodes if n.empty_since is not None and n.empty_since + timeout <= now]:
+            self._drop(node, node.empty_since + timeout)
+        self.now = now
+        while self.unplaced:
+            placed = self._place()
+            if placed is None:
+                break
+            created = self.unplaced.pop(0)
+            self.pods.remove(next(p for p in self.pods if p.created_s == created and p.node is None))
+            pod = self._land(*placed)  # billed from now on
+            self.capacity_lags_s.append(pod.ready_s - created)
+
     def warm_to(self, slots: int) -> None:
-        while len(self.warm_ready) + len(self.warm_pending) < slots:
-            if not self.idle and self._nodes() >= self.model.nodes_allowed(self.now):
-                break  # a placeholder beyond the limit would stay Pending: it holds nothing
-            if self._take_idle():
-                self.warm_ready.append(self.now)
-            else:
-                self.warm_pending.append((self.now, self.now + self._provisioning()))
-        while len(self.warm_ready) + len(self.warm_pending) > slots:
-            if self.warm_pending:
-                created, _ = self.warm_pending.pop()
-                self.costs.warm_pool_s += self.now - created
-            else:
-                created = self.warm_ready.pop()
-                self.costs.warm_pool_s += self.now - created
-                self.idle.append((self.now, self.now + self.model.node_idle_timeout_s))
+        while self.warm_slots < slots:
+            node = self._room(arrived=True) or self._room(arrived=False)
+            if node is None:
+                if len(self.nodes) >= self.model.nodes_allowed(self.now):
+                    break  # a placeholder beyond the limit would stay Pending: it holds nothing
+                node = self._new_node()
+            self._occupy(node)
+            node.placeholders.append(self.now)
+            self._placeholders += 1
+        while self.warm_slots > slots:
+            # waiting placeholders first, then from the least-used node
+            node = min((n for n in self.nodes if n.placeholders),
+                       key=lambda n: (self._arrived(n), n.used, -n.placeholders[-1]))
+            self._settle(node, self.now)
+            self.costs.warm_pool_s += self.now - node.placeholders.pop()
+            self._placeholders -= 1
+            self._vacated(node)
 
     def finish(self) -> Costs:
-        """Stop the clock: everything still running is billed up to now (idle nodes too)."""
+        """Stop the clock: replicas and placeholders billed up to now, every node to now or its expiry."""
         while self.pods:
             self._remove_pod()
         self.warm_to(0)
-        for freed, expires in self.idle:
-            self.costs.idle_s += min(expires, self.now) - freed
-        self.idle = []
-        c = self.costs
-        c.node_s = c.warming_s + c.serving_s + c.warm_pool_s + c.idle_s  # one slot, one node
+        timeout = self.model.node_idle_timeout_s
+        for node in list(self.nodes):
+            self._drop(node, min(node.empty_since + timeout, self.now))
         return self.costs

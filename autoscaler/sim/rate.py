@@ -32,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.workload import RateWorkload
 from policies.queueing import erlang_c
@@ -136,7 +136,7 @@ class RateSim:
     def _window(self, t: float) -> int:
         return min(len(self.w.rate_per_s) - 1, max(0, int(t // self.w.window_s)))
 
-    def signals(self, now: float, cluster: SimCluster) -> Signals:
+    def signals(self, now: float, cluster: Cluster) -> Signals:
         if now <= 0:
             return Signals(cluster=cluster.state())  # nothing scraped yet
         while self.recent and now - self.recent[0][0] > RATE_WINDOW_S:
@@ -160,7 +160,7 @@ class RateSim:
         )
 
     def serve(
-        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: Guard | None = None
+        self, start: float, end: float, cluster: Cluster, shed: dict[str, float], guard: Guard | None = None
     ) -> None:
         dt = end - start
         win = self._window(start)

@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.workload import RequestWorkload
 from policies.admission import carried_queue
@@ -65,7 +65,7 @@ class RequestSim:
         self._cum_tokens = np.concatenate([[0.0], np.cumsum(workload.output_tokens)])
 
     # -- what the controller sees ---------------------------------------------------------------------------
-    def signals(self, now: float, cluster: SimCluster) -> Signals:
+    def signals(self, now: float, cluster: Cluster) -> Signals:
         if now <= 0:
             return Signals(cluster=cluster.state())  # nothing scraped yet
         arr = self.w.arrival_s
@@ -98,7 +98,7 @@ class RequestSim:
 
     # -- serving ---------------------------------------------------------------------------------------------
     def serve(
-        self, start: float, end: float, cluster: SimCluster, shed: dict[str, float], guard: Guard | None = None
+        self, start: float, end: float, cluster: Cluster, shed: dict[str, float], guard: Guard | None = None
     ) -> None:
         """Serve [start, end). `guard`: per class, while the queue the admission endpoint sees is at least
         that deep, arrivals of the class are rejected (the saturation guard)."""

@@ -4,7 +4,8 @@ Every tick: the cluster advances to `now`, the simulator reports the signals Pro
 API would show, the policy decides, a valid decision is applied (replicas, warm slots, shed levels), and the
 simulator serves the traffic of the next tick. All policies start from the same cluster: the replicas the
 first lead-time of the workload truly needs, ready, on the cluster's shape (`ClusterModel.gpus_per_replica`,
-`gpus_per_node`): the slot model for one replica per node, the node model (`autoscaler.sim.nodes`) beyond.
+`gpus_per_node`), in the one cluster model (`autoscaler.sim.cluster`), which the run reaches through its
+`Cluster` protocol.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autoscaler.sim.cluster import ClusterModel, Costs, SimCluster
+from autoscaler.sim.cluster import Cluster, ClusterModel, Costs, SimCluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
@@ -106,8 +107,7 @@ def run(
         sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s)
     else:
         sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed)
-    cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
-    cluster.scaling_actions = 0
+    cluster: Cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
     state = policy.state
     shed: dict[str, float] = {}
     guard = Guard()
@@ -130,7 +130,7 @@ def run(
             guard = Guard.of(decision)
         if keep_timeline:
             timeline.append(timeline_row(
-                now, signals, decision, replicas=len(cluster.pods),
+                now, signals, decision, replicas=cluster.replicas,
                 warm_slots=cluster.warm_slots, shed=shed, classes=workload.classes,
             ))
         sim.serve(now, now + config.tick_s, cluster, shed, guard)
