@@ -1,27 +1,36 @@
-"""Synthetic request traces with a known shape: the drills of the closed-loop scenarios, also for the benchmark.
+"""The closed-loop scenarios, each one object: its demand profile, the actions taken during it, the windows
+its checks read, and the closed-loop settings it needs. Their requests are also traces for the benchmark:
 
     python -m loadtest.bench --trace scenario:doubling
 
-Each scenario is a demand profile (request rate over time, as multiples of a base rate), turned into
-requests by a seeded Poisson process (thinning), with token counts drawn from fixed distributions: input
-uniform 500-1500 tokens, output log-normal with mean 500 (clipped to 50-2000), about 10 s in a slot at the
-simulator's default per-token times. Times are at factor 1 (real time); a time-compressed run divides them.
+Each scenario's demand profile (request rate over time, as multiples of a base rate) is turned into requests
+by a seeded Poisson process (thinning), with token counts drawn from fixed distributions: input uniform
+500-1500 tokens, output log-normal with mean 500 (clipped to 50-2000), about 10 s in a slot at the
+simulator's default per-token times. Times are minutes at factor 1 (real time); a time-compressed run
+divides them. What a scenario must show is its `check` (`loadtest.e2e.checks`), which reads the scenario's
+named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
 
-- `doubling`: 20 min steady, then the rate doubles linearly within 5 min and stays (seed 000's drill), 60 min.
+- `doubling`: 20 min steady, then the rate doubles linearly within 5 min and stays (seed 000's drill), 60 min;
+  the warm pool insures the doubling.
 - `short-burst`: steady, with one burst to 2x lasting 60 s (shorter than a pod's start-up), 40 min.
 - `diurnal-down`: 15 min at 2x, down to 1x linearly over 60 min, 15 min at 1x: 90 min.
-- `no-capacity`: 25 min steady, up to 2x within 5 min, held to minute 65 (the node pool's limit binds).
-- `controller-restart`: 15 min steady, up to 2x over 20 min (the controller is killed mid-ramp), to 45 min.
+- `no-capacity`: 25 min steady, up to 2x within 5 min, held to minute 65; the NodePool's GPU limit is lowered
+  to the steady fleet and one more at minute 12 (the doubling cannot be placed) and raised at minute 45.
+- `controller-restart`: 15 min steady, up to 2x over 20 min, to 45 min; two controllers on the Lease, the
+  leader killed at minute 25 (mid-ramp) and restarted at minute 27.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import numpy as np
 
 from autoscaler.errors import TraceError
 from autoscaler.traces import RequestTrace
+from loadtest.e2e import checks
 
 PREFIX = "scenario:"
 
@@ -41,21 +50,50 @@ class Profile:
         return np.interp(t_s / 60.0, minutes, values)
 
 
-PROFILES: dict[str, Profile] = {
-    "doubling": Profile(((0, 1.0), (20, 1.0), (25, 2.0), (60, 2.0))),
-    "short-burst": Profile(((0, 1.0), (20, 1.0), (20.01, 2.0), (21, 2.0), (21.01, 1.0), (40, 1.0))),
-    "diurnal-down": Profile(((0, 2.0), (15, 2.0), (75, 1.0), (90, 1.0))),
-    "no-capacity": Profile(((0, 1.0), (25, 1.0), (30, 2.0), (65, 2.0))),
-    "controller-restart": Profile(((0, 1.0), (15, 1.0), (35, 2.0), (45, 2.0))),
-}
+@dataclass(frozen=True)
+class Scenario:
+    """One closed-loop scenario. Minutes at factor 1 throughout."""
+
+    name: str
+    profile: Profile
+    check: Callable[[checks.CheckContext], list[dict]] = checks.none
+    # Named (from, to) minutes that `check` reads, e.g. where shedding must happen and where it must stop.
+    windows: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    actions: tuple[tuple[float, str], ...] = ()  # (minute, action), in order; `loadtest.e2e.run` takes them
+    config: Mapping = field(default_factory=lambda: MappingProxyType({}))  # E2EConfig fields over the defaults
+    controllers: int = 1  # controller processes on the Lease
+    # The NodePool's GPU limit: the starting replicas plus one; from this minute the steady fleet (the
+    # simulated policy's replicas then) plus one, so growth beyond it cannot be placed (see `actions`).
+    limit_steady_at_min: float | None = None
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    # the drill: the platform team insures against a doubling within node provisioning (warm pool)
+    Scenario("doubling", Profile(((0, 1.0), (20, 1.0), (25, 2.0), (60, 2.0))), checks.doubling,
+             # shedding while capacity comes (the ramp and a node's provisioning), none once it is Ready; warm
+             # slots taken by the ramp are ready again from minute 27
+             windows=MappingProxyType({"ramp": (20, 35), "settled": (50, 60), "refilled": (27, 60)}),
+             config=MappingProxyType({"policy": {"warm_growth_min_ratio": 1.0}})),
+    Scenario("short-burst", Profile(((0, 1.0), (20, 1.0), (20.01, 2.0), (21, 2.0), (21.01, 1.0), (40, 1.0))),
+             checks.short_burst, windows=MappingProxyType({"before": (14, 20), "after": (20, 30)})),
+    Scenario("diurnal-down", Profile(((0, 2.0), (15, 2.0), (75, 1.0), (90, 1.0))), checks.diurnal_down,
+             windows=MappingProxyType({"start": (0, 15), "end": (80, 90)})),
+    Scenario("no-capacity", Profile(((0, 1.0), (25, 1.0), (30, 2.0), (65, 2.0))), checks.no_capacity,
+             # capped: the doubling meets the lowered limit; recovered: well after the limit is raised
+             windows=MappingProxyType({"capped": (30, 45), "recovered": (55, 65)}),
+             actions=((12, "lower-gpu-limit"), (45, "raise-gpu-limit")), limit_steady_at_min=12),
+    Scenario("controller-restart", Profile(((0, 1.0), (15, 1.0), (35, 2.0), (45, 2.0))), checks.controller_restart,
+             windows=MappingProxyType({"around": (20, 35)}), controllers=2,
+             actions=((25, "kill-leader"), (27, "restart-killed"))),
+)}
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 
 
 def synthetic(name: str, *, base_rate_per_s: float = BASE_RATE_PER_S, seed: int = 0) -> RequestTrace:
     """The requests of a scenario (arrival times from 0, token counts), reproducible from the seed."""
-    if name not in PROFILES:
-        raise TraceError(f"unknown scenario {name!r}; choose one of {sorted(PROFILES)}")
-    profile = PROFILES[name]
+    if name not in SCENARIOS:
+        raise TraceError(f"unknown scenario {name!r}; choose one of {sorted(SCENARIOS)}")
+    profile = SCENARIOS[name].profile
     rng = np.random.default_rng(seed)
     peak = base_rate_per_s * max(v for _, v in profile.points)
     candidates = np.cumsum(rng.exponential(1.0 / peak, int(peak * profile.span_s * 1.2) + 100))

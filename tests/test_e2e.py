@@ -65,3 +65,47 @@ def test_node_timings_for_the_twin_come_from_pod_waits_and_node_removals():
     assert t == {"provisioning_s": 410.0, "provisioning_p90_s": 410.0, "waits": 1,
                  "removal_extra_s": 200.0, "removals": 1}
     assert node_timings({}, factor=10.0, idle_s=600.0)["provisioning_s"] is None
+
+
+def _context(scenario: str, *, timeline: list[dict], attainment: dict, windows: dict | None = None):
+    from loadtest.e2e.checks import CheckContext
+    from loadtest.e2e.config import E2EConfig
+    from loadtest.scenarios import SCENARIOS
+
+    return CheckContext(doc={"slo_attainment": attainment}, timeline=timeline, events=[], records=[], logs={},
+                        fleet_events=[], config=E2EConfig(), sim=None,
+                        windows=SCENARIOS[scenario].windows if windows is None else windows)
+
+
+def test_a_scenarios_check_reads_its_own_windows_and_the_benchmarks_targets():
+    """short-burst: the most replicas decided in the window after the burst against the window before it.
+    Decided 5 at minute 15, 7 at minute 22: chasing, in the scenario's windows (14-20 before, 20-30 after); the
+    same timeline with the 'after' window moved past the 7 passes. The class targets are the benchmark's:
+    critical at 99.95 % passes its 99.9 %, standard at 98.5 % fails its 99 %."""
+    from loadtest.scenarios import SCENARIOS
+
+    timeline = [{"t_s": 15 * 60.0, "decided": 5}, {"t_s": 22 * 60.0, "decided": 7}]
+    attainment = {"critical": 0.9995, "standard": 0.985}
+    checks = SCENARIOS["short-burst"].check(_context("short-burst", timeline=timeline, attainment=attainment))
+    assert [(c["check"], c["passed"]) for c in checks] == [
+        ("critical >= 99.9 % within the SLO", True), ("standard >= 99 % within the SLO", False),
+        ("replicas do not chase a burst shorter than the start-up", False)]
+    assert "minutes 14-20" in checks[-1]["detail"] and "minutes 20-30" in checks[-1]["detail"]
+    moved = _context("short-burst", timeline=timeline, attainment=attainment,
+                     windows={"before": (14, 20), "after": (23, 30)})
+    assert SCENARIOS["short-burst"].check(moved)[-1]["passed"]
+
+
+def test_every_scenario_is_one_object_whose_windows_and_actions_lie_within_its_load():
+    from loadtest import scenarios
+    from loadtest.e2e import checks
+
+    assert set(scenarios.SCENARIOS) == {"doubling", "short-burst", "diurnal-down", "no-capacity", "controller-restart"}
+    for name, scenario in scenarios.SCENARIOS.items():
+        end_min = scenario.profile.span_s / 60
+        assert all(0 <= lo < hi <= end_min for lo, hi in scenario.windows.values()), name
+        assert [m for m, _ in scenario.actions] == sorted(m for m, _ in scenario.actions)
+        assert all(0 < m < end_min for m, _ in scenario.actions), name
+        assert scenario.check is getattr(checks, name.replace("-", "_"))
+        trace = scenarios.read(f"scenario:{name}")  # the benchmark's trace of the scenario: the same profile
+        assert end_min - 1 < trace.arrival_s[-1] / 60 <= end_min, name

@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from loadtest.e2e.run import SCENARIOS, run_scenario
+from loadtest.e2e.run import run_scenario
+from loadtest.scenarios import SCENARIOS
 
 
 def _summary(doc: dict) -> str:

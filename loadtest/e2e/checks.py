@@ -1,25 +1,56 @@
 """What each closed-loop scenario must show, checked on what the client, the apiserver and the controllers
-recorded. Each check is {"check", "passed", "detail"}; times are scenario times at factor 1."""
+recorded (a `CheckContext`). Each check is {"check", "passed", "detail"}; times are scenario times at factor
+1, and the windows a check reads are its scenario's (`loadtest.scenarios.Scenario.windows`)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
 
-from autoscaler.sim.workload import CLASSES
 from loadtest.measure import TOP_TARGET, targets
 
+if TYPE_CHECKING:
+    from autoscaler.sim.run import RunResult
+    from loadtest.e2e.config import E2EConfig
+
 SIM_CRITICAL_POINTS, SIM_GPU_PERCENT = 0.5, 10.0
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What one closed-loop run recorded, as the checks read it."""
+
+    doc: dict  # the run's figures (result.json): live, simulated, their gaps, the actions taken
+    timeline: list[dict]  # the sampler's rows, `t_s` in scenario seconds at factor 1
+    events: list[dict]  # Kubernetes Events
+    records: list[dict]  # one per request, as the client saw it
+    logs: Mapping[str, str]  # each controller process's log
+    fleet_events: list[dict]  # the fake fleet's (pods drained, ...)
+    config: E2EConfig
+    sim: RunResult  # the simulated twin
+    windows: Mapping[str, tuple[float, float]]  # the scenario's check windows, in minutes
+
+    def window_s(self, name: str) -> tuple[float, float]:
+        lo, hi = self.windows[name]
+        return lo * 60.0, hi * 60.0
+
+    @property
+    def sheddable(self) -> tuple[str, ...]:
+        spec = self.config.spec()
+        return tuple(c for c in spec.classes if spec.priorities[c] < spec.shed_priority_below)
 
 
 def _check(name: str, passed: bool, detail: str) -> dict:
     return {"check": name, "passed": bool(passed), "detail": detail}
 
 
-def none(context: dict) -> list[dict]:
+def none(context: CheckContext) -> list[dict]:
     return []
 
 
-def _window(records: list[dict], cls: str, lo: float, hi: float) -> list[dict]:
+def _window(records: list[dict], cls: str, window_s: tuple[float, float]) -> list[dict]:
+    lo, hi = window_s
     return [r for r in records if r["class"] == cls and lo <= r["sent_s"] < hi]
 
 
@@ -27,7 +58,8 @@ def _shed(rows: list[dict]) -> float:
     return sum(1 for r in rows if r["status"] == 429) / len(rows) if rows else 0.0
 
 
-def _decided(timeline: list[dict], lo: float, hi: float) -> list[float]:
+def _decided(timeline: list[dict], window_s: tuple[float, float]) -> list[float]:
+    lo, hi = window_s
     return [r["decided"] for r in timeline if lo <= r["t_s"] < hi and r["decided"] is not None]
 
 
@@ -42,8 +74,8 @@ def _decisions(log: str) -> list[dict]:
     return out
 
 
-def common(context: dict) -> list[dict]:
-    doc = context["doc"]
+def common(context: CheckContext) -> list[dict]:
+    doc = context.doc
     gap = doc["sim_gap"]
     critical_gap = gap["slo_attainment_points"].get("critical")
     return [
@@ -57,80 +89,84 @@ def common(context: dict) -> list[dict]:
     ]
 
 
-def _targets(doc: dict) -> list[dict]:
+def _targets(context: CheckContext) -> list[dict]:
     """The benchmark's class targets (`measure.targets`) on the live attainment."""
-    a = doc["slo_attainment"]
+    a = context.doc["slo_attainment"]
     return [_check(f"{c} >= {100 * t:g} % within the SLO", a.get(c, 0) >= t,
                    f"{a.get(c, 0):{'.4%' if t == TOP_TARGET else '.3%'}}")
-            for c, t in targets(CLASSES, ("sheddable",)).items()]
+            for c, t in targets(context.config.spec().classes, context.sheddable).items()]
 
 
-def _no_piling_on(context: dict) -> dict:
-    needed = int(max(context["sim"].timeline, key=lambda r: r["replicas"])["replicas"]) if context["sim"].timeline else 0
-    peak = max(_decided(context["timeline"], 0, 1e12), default=0)
+def _no_piling_on(context: CheckContext) -> dict:
+    sim = context.sim.timeline
+    needed = int(max(sim, key=lambda r: r["replicas"])["replicas"]) if sim else 0
+    peak = max(_decided(context.timeline, (0, 1e12)), default=0)
     return _check("no piling on: never more replicas decided than the simulated policy's peak + 25 %",
                   peak <= 1.25 * needed + 1, f"peak decided {peak:.0f}, simulated peak {needed}")
 
 
-def doubling(context: dict) -> list[dict]:
-    doc, records, timeline = context["doc"], context["records"], context["timeline"]
-    ramp = _window(records, "sheddable", 20 * 60, 35 * 60)
-    settled = _window(records, "sheddable", 50 * 60, 60 * 60)
-    preempted = [e for e in context["events"] if e.get("reason") == "Preempted"
+def _minutes(context: CheckContext, name: str) -> str:
+    lo, hi = context.windows[name]
+    return f"minutes {lo:g}-{hi:g}"
+
+
+def doubling(context: CheckContext) -> list[dict]:
+    records, timeline = context.records, context.timeline
+    ramp = _window(records, "sheddable", context.window_s("ramp"))
+    settled = _window(records, "sheddable", context.window_s("settled"))
+    preempted = [e for e in context.events if e.get("reason") == "Preempted"
                  and "warm-pool" in e["involvedObject"]["name"]]
     first_preempt = min((r["t_s"] for r in timeline if r["warm"]["ready"] > 0), default=None)
-    refilled = any(r["warm"]["ready"] > 0 for r in timeline if r["t_s"] > 27 * 60)
-    return _targets(doc) + [
+    after, _ = context.window_s("refilled")
+    refilled = any(r["warm"]["ready"] > 0 for r in timeline if r["t_s"] > after)
+    return _targets(context) + [
         _check("sheddable traffic shed while capacity is on its way", _shed(ramp) > 0,
-               f"{_shed(ramp):.2%} of sheddable shed in minutes 20-35"),
+               f"{_shed(ramp):.2%} of sheddable shed in {_minutes(context, 'ramp')}"),
         _check("sheddable admitted again once capacity is Ready", _shed(settled) < 0.01,
-               f"{_shed(settled):.2%} shed in minutes 50-60"),
+               f"{_shed(settled):.2%} shed in {_minutes(context, 'settled')}"),
         _check("placeholders preempted by the scheduler and re-created", bool(preempted) and refilled,
-               f"{len(preempted)} placeholder pods preempted; warm slots ready again after minute 27: {refilled}"
-               f" (first warm slot ready at {first_preempt})"),
+               f"{len(preempted)} placeholder pods preempted; warm slots ready again after minute "
+               f"{after / 60:g}: {refilled} (first warm slot ready at {first_preempt})"),
         _no_piling_on(context),
     ]
 
 
-def short_burst(context: dict) -> list[dict]:
-    doc, timeline = context["doc"], context["timeline"]
-    before = max(_decided(timeline, 14 * 60, 20 * 60), default=0)
-    after = max(_decided(timeline, 20 * 60, 30 * 60), default=0)
-    return _targets(doc) + [
+def short_burst(context: CheckContext) -> list[dict]:
+    before = max(_decided(context.timeline, context.window_s("before")), default=0)
+    after = max(_decided(context.timeline, context.window_s("after")), default=0)
+    return _targets(context) + [
         _check("replicas do not chase a burst shorter than the start-up", after <= before + 1,
-               f"most decided 6 min before the burst {before:.0f}, in the 10 min from it {after:.0f}"),
+               f"most decided in {_minutes(context, 'before')} (before the burst) {before:.0f}, "
+               f"in {_minutes(context, 'after')} {after:.0f}"),
     ]
 
 
-def diurnal_down(context: dict) -> list[dict]:
-    doc, timeline = context["doc"], context["timeline"]
-    start = max(_decided(timeline, 0, 15 * 60), default=0)
-    end = min(_decided(timeline, 80 * 60, 90 * 60), default=start)
-    drained = 0
-    fleet = context.get("fleet_events", [])
-    for e in fleet:
-        if e.get("event") == "drained" and e.get("in_flight", 0) > 0:
-            drained += 1
-    return _targets(doc) + [
+def diurnal_down(context: CheckContext) -> list[dict]:
+    doc, timeline = context.doc, context.timeline
+    start = max(_decided(timeline, context.window_s("start")), default=0)
+    end = min(_decided(timeline, context.window_s("end")), default=start)
+    drained = sum(1 for e in context.fleet_events if e.get("event") == "drained" and e.get("in_flight", 0) > 0)
+    return _targets(context) + [
         _check("replicas follow demand down", end < start, f"decided {start:.0f} at the start, {end:.0f} at the end"),
         _check("removed pods drain their requests", doc["lost_requests"] == 0,
                f"{drained} pods removed while serving, all their requests answered"),
     ]
 
 
-def no_capacity(context: dict) -> list[dict]:
-    doc, timeline, records = context["doc"], context["timeline"], context["records"]
-    limited = [r for r in timeline if 30 * 60 <= r["t_s"] < 45 * 60]
+def no_capacity(context: CheckContext) -> list[dict]:
+    timeline, records = context.timeline, context.records
+    capped_lo, capped_hi = context.window_s("capped")
+    limited = [r for r in timeline if capped_lo <= r["t_s"] < capped_hi]
     pending = max((r["model"]["pending"] for r in limited), default=0)
     seen = max((r["unschedulable"] or 0 for r in limited), default=0)
-    decisions = [d for log in context["logs"].values() for d in _decisions(log)]
+    decisions = [d for log in context.logs.values() for d in _decisions(log)]
     said = any(any("capacity" in reason and "cannot" in reason for reason in d.get("reasons", [])) for d in decisions)
-    ours = [e for e in context["events"] if e.get("reportingComponent") == "inference-autoscaler"
+    ours = [e for e in context.events if e.get("reportingComponent") == "inference-autoscaler"
             and e.get("reason") == "CapacityUnavailable"]
-    shed = _shed(_window(records, "sheddable", 30 * 60, 45 * 60))
-    recovered = [r for r in timeline if r["t_s"] >= 55 * 60]
-    late = _window(records, "critical", 55 * 60, 65 * 60)
-    late_ok = sum(1 for r in late if r["status"] == 200 and r["queue_s"] <= context["config"].slo_s) / max(1, len(late))
+    shed = _shed(_window(records, "sheddable", context.window_s("capped")))
+    recovered = [r for r in timeline if r["t_s"] >= context.window_s("recovered")[0]]
+    late = _window(records, "critical", context.window_s("recovered"))
+    late_ok = sum(1 for r in late if r["status"] == 200 and r["queue_s"] <= context.config.slo_s) / max(1, len(late))
     return [
         _check("pods stay Pending at the GPU limit", pending > 0, f"up to {pending} model pods Pending"),
         _check("the controller sees them (metric)", seen > 0, f"autoscaler_unschedulable_replicas up to {seen:.0f}"),
@@ -139,30 +175,33 @@ def no_capacity(context: dict) -> list[dict]:
         _check("sheds instead of waiting", shed > 0, f"{shed:.2%} of sheddable shed while capped"),
         _check("recovers when the limit is raised",
                bool(recovered) and all(r["model"]["pending"] == 0 for r in recovered[-5:]) and late_ok >= TOP_TARGET,
-               f"critical {late_ok:.3%} within the SLO in minutes 55-65; pending at the end "
+               f"critical {late_ok:.3%} within the SLO in {_minutes(context, 'recovered')}; pending at the end "
                f"{recovered[-1]['model']['pending'] if recovered else '?'}"),
     ]
 
 
-def controller_restart(context: dict) -> list[dict]:
-    doc, timeline = context["doc"], context["timeline"]
+def controller_restart(context: CheckContext) -> list[dict]:
+    doc, timeline = context.doc, context.timeline
     leaders = [r["leader"] for r in timeline if r["leader"]]
     changed = len(set(leaders)) > 1
-    around = [r["spec_replicas"] for r in timeline if 20 * 60 <= r["t_s"] <= 35 * 60 and r["spec_replicas"]]
+    lo, hi = context.window_s("around")
+    around = [r["spec_replicas"] for r in timeline if lo <= r["t_s"] <= hi and r["spec_replicas"]]
     no_drop = all(b >= a for a, b in zip(around, around[1:]))
     restarted = next((a["result"].split()[0] for a in doc["actions"] if a["action"] == "restart-killed"), None)
     first_after = None
-    if restarted and restarted in context["logs"]:
+    if restarted and restarted in context.logs:
         # the restarted process appends to the same log: its lines after the last "started"
-        lines = context["logs"][restarted].splitlines()
+        lines = context.logs[restarted].splitlines()
         starts = [i for i, line in enumerate(lines) if '"event": "started"' in line]
         if len(starts) > 1:
             fresh = [d for d in _decisions("\n".join(lines[starts[-1]:])) if d.get("valid")]
             first_after = fresh[0].get("lead_time_s") if fresh else None
-    default_lead = (context["config"].startup_s + context["config"].node_start_s) / context["config"].factor
-    return _targets(doc) + [
+    config = context.config
+    default_lead = (config.startup_s + config.node_start_s) / config.factor
+    return _targets(context) + [
         _check("the other replica on the Lease takes over", changed, f"leaders seen: {sorted(set(leaders))}"),
-        _check("no scale-down across the kill and restart", no_drop, f"spec replicas in minutes 20-35: {around}"),
+        _check("no scale-down across the kill and restart", no_drop,
+               f"spec replicas in {_minutes(context, 'around')}: {around}"),
         _check("the restarted controller gets its start-up times back from the cluster",
                first_after is not None and abs(first_after - default_lead) > 1e-6,
                f"its first lead time {first_after} s (compressed) vs the untrained default {default_lead} s"),

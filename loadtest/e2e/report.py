@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.e2e.checks import CheckContext
+
 
 def _per_minute(records: list[dict], classes: tuple[str, ...], span_min: int):
     offered = {c: np.zeros(span_min) for c in classes}
@@ -25,13 +27,13 @@ def _per_minute(records: list[dict], classes: tuple[str, ...], span_min: int):
     return offered, shed, p99
 
 
-def plot(path: Path, context: dict) -> None:
+def plot(path: Path, context: CheckContext) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    doc, timeline, records = context["doc"], context["timeline"], context["records"]
+    doc, timeline, records = context.doc, context.timeline, context.records
     classes = tuple(doc["slo_attainment"])
     span_min = max(1, int(max((r["sent_s"] for r in records), default=60) // 60) + 1)
     offered, shed, p99 = _per_minute(records, classes, span_min)
@@ -47,7 +49,7 @@ def plot(path: Path, context: dict) -> None:
     ax.step(t, [r["spec_replicas"] for r in timeline], where="post", label="Deployment spec", linestyle=":")
     ax.step(t, [r["model"]["ready"] for r in timeline], where="post", label="ready")
     ax.step(t, [r["model"]["pending"] + r["model"]["starting"] for r in timeline], where="post", label="pending + starting")
-    sim = context["sim"].timeline
+    sim = context.sim.timeline
     ax.step([r["t_s"] / 60 for r in sim], [r["replicas"] for r in sim], where="post", label="simulated", alpha=0.5)
     ax.set_ylabel("replicas")
     ax.legend(loc="upper left", fontsize=8)
@@ -66,7 +68,7 @@ def plot(path: Path, context: dict) -> None:
     ax = axes[4]
     for c in classes:
         ax.step(minutes, p99[c], where="post", label=c)
-    ax.axhline(context["config"].slo_s, color="grey", linestyle="--", linewidth=0.8, label="SLO")
+    ax.axhline(context.config.slo_s, color="grey", linestyle="--", linewidth=0.8, label="SLO")
     ax.set_ylabel("p99 queue wait (s)")
     ax.set_xlabel("minute (factor 1)")
     ax.legend(loc="upper left", fontsize=8)

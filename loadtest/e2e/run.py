@@ -1,5 +1,5 @@
-"""Run one closed-loop scenario: the stack, the load, the actions the scenario takes, the figures and the
-simulator's prediction of them, and the scenario's checks."""
+"""Run one closed-loop scenario (`loadtest.scenarios`): the stack, the load, the actions the scenario takes,
+the figures and the simulator's prediction of them, and the scenario's checks."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from autoscaler.kube.cluster import provisioner_cannot
 from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run
 from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.e2e import checks
+from loadtest.e2e.checks import CheckContext
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.figures import client_figures, gaps, gpu_hours, node_timings, simulated_figures
 from loadtest.e2e.stack import Stack, stack
@@ -23,33 +23,6 @@ from loadtest.loadgen import Request, write_requests
 from policies import decide, initial_state
 
 SAMPLE_EVERY_S = 0.5  # wall clock
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    config: dict = field(default_factory=dict)  # E2EConfig fields
-    controllers: int = 1
-    # The NodePool's GPU limit: the starting replicas plus one; at `limit_steady_at_s` lowered to the steady
-    # fleet (the simulated policy's replicas then) plus one, so growth beyond it cannot be placed.
-    limit_steady_at_s: float | None = None
-    actions: tuple[tuple[float, str], ...] = ()  # (scenario time at factor 1, action)
-    check: Callable[[dict], list[dict]] = checks.none
-
-
-SCENARIOS = {
-    # the drill: the platform team insures against a doubling within node provisioning (warm pool)
-    "doubling": Scenario("doubling", config={"policy": {"warm_growth_min_ratio": 1.0}}, check=checks.doubling),
-    "short-burst": Scenario("short-burst", check=checks.short_burst),
-    "diurnal-down": Scenario("diurnal-down", check=checks.diurnal_down),
-    # the NodePool's GPU limit is lowered to the steady fleet and one more: the doubling cannot be placed
-    "no-capacity": Scenario("no-capacity", limit_steady_at_s=12 * 60.0,
-                            actions=((12 * 60.0, "lower-gpu-limit"), (45 * 60.0, "raise-gpu-limit")),
-                            check=checks.no_capacity),
-    "controller-restart": Scenario("controller-restart", controllers=2,
-                                   actions=((25 * 60.0, "kill-leader"), (27 * 60.0, "restart-killed")),
-                                   check=checks.controller_restart),
-}
 
 
 def requests_of(name: str, config: E2EConfig):
@@ -93,21 +66,22 @@ def _simulate(config: E2EConfig, workload, initial: int, sim_config, *, node_lea
 
 
 def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
-    scenario = SCENARIOS[name]
+    scenario = scenarios.SCENARIOS[name]
     config = replace(E2EConfig(factor=factor), **scenario.config)
+    actions = [(minute * 60.0, action) for minute, action in scenario.actions]
     workload, requests = requests_of(name, config)
     sim_config = config.sim_config()
     needed = needed_replicas(workload, sim_config)
     initial = initial_replicas(needed, sim_config)
     timeline, notes, state = [], [], {}
     gpu_limits: tuple[tuple[float, int], ...] = ()
-    if scenario.limit_steady_at_s is not None:
+    if scenario.limit_steady_at_min is not None:
         config = replace(config, gpu_limit=initial + 1)
         steady = _simulate(config, workload, initial, config.sim_config())
-        at = scenario.limit_steady_at_s
+        at = scenario.limit_steady_at_min * 60.0
         lowered = int(next(r["replicas"] for r in steady.timeline if r["t_s"] >= at)) + 1
         state["limits"] = {"lower-gpu-limit": lowered, "raise-gpu-limit": 4 * config.gpu_limit}
-        gpu_limits = tuple((t, state["limits"][a]) for t, a in scenario.actions if a in state["limits"])
+        gpu_limits = tuple((t, state["limits"][a]) for t, a in actions if a in state["limits"])
     out.mkdir(parents=True, exist_ok=True)
     write_requests(out / "requests.jsonl", requests)
     with stack(config, out / "work", initial_replicas=initial, controllers=scenario.controllers) as st:
@@ -117,7 +91,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
             [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / "requests.jsonl"), "--url",
              st.gateway_url, "--factor", str(factor), "--out", str(out / "records.jsonl"), "--start-at",
              str(start_at)], stdout=(out / "loadgen.log").open("w"), stderr=subprocess.STDOUT)
-        pending = list(scenario.actions)
+        pending = list(actions)
         try:
             while loadgen.poll() is None:
                 if time.time() >= start_at:
@@ -162,9 +136,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         "max_pending_replicas": live["max_pending_replicas"], "simulated": simulated,
         "sim_gap": gaps(live, simulated), "actions": notes,
     }
-    context = {"doc": doc, "timeline": timeline, "events": events, "records": records, "logs": logs,
-               "fleet_events": fleet_events,
-               "config": config, "sim": sim, "lifetimes": lifetimes, "start": start_at}
+    context = CheckContext(doc=doc, timeline=timeline, events=events, records=records, logs=logs,
+                           fleet_events=fleet_events, config=config, sim=sim, windows=scenario.windows)
     doc["checks"] = scenario.check(context) + checks.common(context)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
