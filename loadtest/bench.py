@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             policy, workload, config, initial_replicas=setup.start(policy.name),
             keep_timeline=args.timeline_dir is not None,
         )
-    clairvoyant = results["clairvoyant"].costs.total_gpu_hours
+    clairvoyant = results["clairvoyant"].costs.replica_gpu_hours
     rows = [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs]
     floor = floor_gpu_hours(workload, config)
     for row in rows:

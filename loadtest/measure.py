@@ -78,7 +78,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_price: float = 1.0) -> dict:
     """One run's row: attainment, waits, GPU-hours by both measures, cost, shedding, time to capacity."""
     costs = result.costs
-    gpu = costs.total_gpu_hours
+    gpu = costs.replica_gpu_hours
     return {
         "policy": result.policy,
         "slo_attainment": {c: round(v, 5) for c, v in result.outcome["slo_attainment"].items()},

@@ -97,7 +97,7 @@ def test_costs_count_warming_serving_warm_and_idle():
     assert costs.warming_s == pytest.approx(100.0)
     assert costs.serving_s == pytest.approx(900.0)
     assert costs.idle_s == pytest.approx(600.0)
-    assert costs.total_gpu_hours == pytest.approx(1600.0 / 3600.0)
+    assert costs.replica_gpu_hours == pytest.approx(1600.0 / 3600.0)
 
 
 def test_shedding_and_guard_reject_only_what_they_should():
@@ -313,7 +313,7 @@ def test_two_4_gpu_replicas_share_one_8_gpu_node():
     costs = cluster.finish()
     assert costs.node_hours == pytest.approx(1000.0 / 3600.0)
     assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)
-    assert costs.total_gpu_hours == pytest.approx(2 * 4 * 1000.0 / 3600.0)
+    assert costs.replica_gpu_hours == pytest.approx(2 * 4 * 1000.0 / 3600.0)
 
     apart = SimCluster.started(_shape(4, 4), replicas=0, now=0.0)
     apart.scale_to(2)
@@ -347,20 +347,20 @@ def test_idle_gpus_of_a_partly_used_node_and_the_gpus_no_replica_fits_are_paid_f
     half = SimCluster.started(_shape(4, 8), replicas=1, now=0.0)
     half.advance(1000.0)
     costs = half.finish()
-    assert costs.total_gpu_hours == pytest.approx(4 * 1000.0 / 3600.0)
+    assert costs.replica_gpu_hours == pytest.approx(4 * 1000.0 / 3600.0)
     assert costs.spare_s == pytest.approx(1000.0)
     assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)  # the other 4 GPUs idle, paid for
 
     odd = SimCluster.started(_shape(3, 8), replicas=2, now=0.0)  # 2 per node, 2 GPUs of each left over
     odd.advance(1000.0)
     costs = odd.finish()
-    assert costs.total_gpu_hours == pytest.approx(6 * 1000.0 / 3600.0)
+    assert costs.replica_gpu_hours == pytest.approx(6 * 1000.0 / 3600.0)
     assert costs.node_gpu_hours == pytest.approx(8 * 1000.0 / 3600.0)
 
     alone = SimCluster.started(_shape(6, 8), replicas=1, now=0.0)  # one per node
     alone.advance(1000.0)
     costs = alone.finish()
-    assert (costs.total_gpu_hours, costs.node_gpu_hours) == pytest.approx((6000.0 / 3600.0, 8000.0 / 3600.0))
+    assert (costs.replica_gpu_hours, costs.node_gpu_hours) == pytest.approx((6000.0 / 3600.0, 8000.0 / 3600.0))
 
 
 def test_a_new_replica_takes_a_free_slot_of_an_existing_node_after_start_up_only():
@@ -409,8 +409,8 @@ def test_with_one_replica_per_node_node_gpu_hours_equal_gpu_hours():
     cluster.scale_to(0)
     cluster.advance(2000.0)
     costs = cluster.finish()
-    assert costs.node_gpu_hours == costs.total_gpu_hours == pytest.approx(1600.0 / 3600.0)
-    assert costs.node_hours == costs.total_gpu_hours
+    assert costs.node_gpu_hours == costs.replica_gpu_hours == pytest.approx(1600.0 / 3600.0)
+    assert costs.node_hours == costs.replica_gpu_hours
 
 
 def test_a_placeholder_withdrawn_before_its_node_arrives_leaves_the_node_to_idle_out():

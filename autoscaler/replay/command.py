@@ -115,7 +115,7 @@ def _summary(result, spec: PolicySpec) -> str:
     attainment = result.outcome["slo_attainment"]
     per_class = " ".join(f"{name} {attainment[name]:.3%}" for name in spec.classes)
     return (f"SLO {per_class} | p99 wait {result.outcome['p99_queue_wait_s']:.2f} s | "
-            f"GPU-h {result.costs.total_gpu_hours:.2f} | shed {result.outcome['shed_fraction']:.2%}")
+            f"GPU-h {result.costs.replica_gpu_hours:.2f} | shed {result.outcome['shed_fraction']:.2%}")
 
 
 def _mix(text: str | None, classes: tuple[str, ...]) -> tuple[float, ...]:

@@ -100,8 +100,10 @@ class Costs:
     gpus_per_node: int = 1
 
     @property
-    def total_gpu_hours(self) -> float:
-        """Replica-level GPU-hours: in GPUs, without the free slots of partly used nodes."""
+    def replica_gpu_hours(self) -> float:
+        """GPU-hours of replica-shaped slots, N GPUs each: replicas (warming, serving), warm placeholders and
+        the slots of empty nodes; not the free slots of nodes in use nor the GPUs no replica fits in, which
+        `node_gpu_hours` counts."""
         return (self.warming_s + self.serving_s + self.warm_pool_s + self.idle_s) * self.gpus_per_replica / 3600.0
 
     @property

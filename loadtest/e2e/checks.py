@@ -197,7 +197,7 @@ def controller_restart(context: CheckContext) -> list[dict]:
             fresh = [d for d in _decisions("\n".join(lines[starts[-1]:])) if d.get("valid")]
             first_after = fresh[0].get("lead_time_s") if fresh else None
     config = context.config
-    default_lead = (config.startup_s + config.node_start_s) / config.factor
+    default_lead = (config.startup_s + config.node_provisioning_s) / config.factor
     return _targets(context) + [
         _check("the other replica on the Lease takes over", changed, f"leaders seen: {sorted(set(leaders))}"),
         _check("no scale-down across the kill and restart", no_drop,

@@ -27,7 +27,7 @@ class E2EConfig:
     probe_s: float = 1.0
     startup_s: float = 120.0  # pod start-up, jittered U(0.875, 1.25)x like the simulator's
     startup_jitter_ratio: float = 0.25
-    node_start_s: float = 300.0  # node provisioning: Karpenter's NodeClaim -> a Ready node
+    node_provisioning_s: float = 300.0  # Karpenter's NodeClaim -> a Ready node
     node_idle_s: float = 600.0  # an empty node is removed after this (Karpenter's consolidateAfter)
     concurrency: int = 8  # slots per replica (vLLM --max-num-seqs)
     drain_delay_s: float = 5.0  # a removed pod leaves the gateway this long before its server drains (preStop)
@@ -42,7 +42,7 @@ class E2EConfig:
         base = dict(
             tick_s=self.tick_s, min_replicas=1, max_replicas=self.max_replicas, replica_concurrency=self.concurrency,
             slo_queue_wait_s=self.slo_s, p99_latency_target_s=self.slo_s, default_startup_s=self.startup_s,
-            node_provisioning_s=self.node_start_s, max_warm_slots=8,
+            node_provisioning_s=self.node_provisioning_s, max_warm_slots=8,
         )
         return PolicySpec(**{**base, **self.policy})
 
@@ -60,7 +60,7 @@ class E2EConfig:
         return SimConfig(
             tick_s=self.tick_s, slo_s=self.slo_s,
             cluster=ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
-                                 node_provisioning_s=self.node_start_s, node_jitter_ratio=0.0,
+                                 node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,
                                  node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit),
             server=self.server,
         )

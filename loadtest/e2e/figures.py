@@ -95,7 +95,7 @@ def simulated_figures(result: RunResult) -> dict:
         "slo_attainment": result.outcome["slo_attainment"],
         "shed_fraction": result.outcome["shed_by_class"],
         "p99_queue_wait_s": result.outcome["p99_queue_wait_s"],
-        "gpu_hours": round(result.costs.total_gpu_hours, 3),
+        "gpu_hours": round(result.costs.replica_gpu_hours, 3),
         "warm_pool_gpu_hours": round(warm_pool_gpu_hours(result.costs), 3),
         "max_pending_replicas": pending,
         "scaling_actions": result.scaling_actions,

@@ -122,7 +122,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                        and provisioner_cannot(e.get("reason"), (e.get("source") or {}).get("component")
                                               or e.get("reportingComponent") or ""))
     timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
-    twin = replace(config, node_start_s=timing["provisioning_s"] or config.node_start_s)
+    twin = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
     sim = _simulate(twin, workload, initial,
                     twin.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0),
                     node_learned_s=timing["provisioning_p90_s"])

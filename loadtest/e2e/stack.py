@@ -93,7 +93,10 @@ def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission
 
 
 @dataclass
-class Controller:
+class ControllerProcess:
+    """One `autoscaler run` process of the harness, with its config, ports and log (the control loop inside
+    it is `autoscaler.loop.Controller`)."""
+
     name: str
     config_file: Path
     http_port: int
@@ -141,7 +144,7 @@ class Stack:
     config: E2EConfig
     cp: ControlPlane
     karpenter: Karpenter
-    controllers: list[Controller]
+    controllers: list[ControllerProcess]
     gateway_url: str
     prometheus_url: str
     work: Path
@@ -153,7 +156,7 @@ class Stack:
         """Scenario time at factor 1."""
         return (time.time() - self.started) * self.config.factor
 
-    def leader(self) -> Controller | None:
+    def leader(self) -> ControllerProcess | None:
         for c in self.controllers:
             if c.metrics().get("autoscaler_is_leader") == 1.0:
                 return c
@@ -266,7 +269,7 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
     with contextlib.ExitStack() as exit_stack:
         cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
         karp = exit_stack.enter_context(karpenter(
-            cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_start_s / f,
+            cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
             consolidate_after_s=config.node_idle_s / f))
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": PLACEHOLDER_CLASS},
@@ -283,7 +286,7 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             path = work / f"controller-{i}.yaml"
             path.write_text(yaml.safe_dump(controller_config(config, prom=prom, http_port=http,
                                                              admission_port=admission)))
-            ctrls.append(Controller(f"controller-{i}", path, http, admission, work / f"controller-{i}.log"))
+            ctrls.append(ControllerProcess(f"controller-{i}", path, http, admission, work / f"controller-{i}.log"))
         url, nginx_pid = exit_stack.enter_context(gateway(
             admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams))
         fleet = subprocess.Popen(
@@ -296,7 +299,7 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
         st = Stack(config, cp, karp, ctrls, url, prom, work)
-        wait_until(lambda: st.sample()["model"]["ready"] >= initial_replicas, 120 + 2 * (config.node_start_s
+        wait_until(lambda: st.sample()["model"]["ready"] >= initial_replicas, 120 + 2 * (config.node_provisioning_s
                    + config.startup_s * 1.5) / f, what=f"{initial_replicas} model replicas Ready")
         wait_until(lambda: len(json.loads(targets.read_text() or "[]")[0]["targets"]) >= initial_replicas
                    if targets.read_text().strip() not in ("", "[]") else False, 30, what="the fleet serving")
