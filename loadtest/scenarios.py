@@ -86,6 +86,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              windows=MappingProxyType({"around": (20, 35)}), controllers=2,
              actions=((25, "kill-leader"), (27, "restart-killed"))),
 )}
+
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 
 

@@ -85,7 +85,7 @@ class ClusterModel:
 
 @dataclass
 class Costs:
-    """Replica-shaped slot-seconds by what held them, and node-seconds. Replica-level GPU-hours count what
+    """Replica-shaped slot-seconds by what held them, and node-seconds. Replica GPU-hours count what
     replicas and placeholders held and idle nodes (every slot of an empty node); node GPU-hours add the
     free slots of nodes in use (`spare_s`) and the GPUs no replica fits in: the money figure.
     Node-seconds x k = warming + serving + warm pool + idle + spare slot-seconds."""
