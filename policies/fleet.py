@@ -67,7 +67,7 @@ class FleetSpec:
 
     classes: tuple[str, ...] = DEFAULT_CLASSES
     levels: tuple[tuple[int, str], ...] = ()
-    warm_stabilization_s: float = 600.0
+    warm_stabilization_s: float = 0.0
     warm_correlation_ratio: float = 0.0
 
 
@@ -228,16 +228,23 @@ def _stabilize_warm(spec: FleetSpec, state: FleetState, need: dict[int, int], no
 
 
 def _apportion(total: int, risks: dict[str, int]) -> dict[str, int]:
-    """`total` slots over models by their squared risk, largest remainder (deterministic by name)."""
+    """`total` slots over models by their squared risk, none above its own risk, largest remainder first
+    (deterministic by name)."""
     weights = {n: r * r for n, r in risks.items() if r > 0}
+    out = {n: 0 for n in risks}
     if not weights or total <= 0:
-        return {n: 0 for n in risks}
+        return out
     s = sum(weights.values())
     exact = {n: total * w / s for n, w in weights.items()}
-    out = {n: math.floor(x) for n, x in exact.items()}
-    for n in sorted(exact, key=lambda n: (-(exact[n] - out[n]), n))[: total - sum(out.values())]:
-        out[n] += 1
-    return {n: out.get(n, 0) for n in risks}
+    for n, x in exact.items():
+        out[n] = min(risks[n], math.floor(x))
+    left = min(total, sum(risks[n] for n in weights)) - sum(out.values())
+    while left > 0:
+        open_ = sorted((n for n in weights if out[n] < risks[n]), key=lambda n: (-(exact[n] - out[n]), n))
+        for n in open_[:left]:
+            out[n] += 1
+        left -= len(open_[:left])
+    return out
 
 
 def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: list[str],

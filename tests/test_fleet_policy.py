@@ -165,10 +165,10 @@ def test_timeline_ties_stay_with_the_incumbent():
 def test_timeline_warm_pool_shrinks_only_after_the_window():
     models = [ModelDemand("a", demand(critical=2), warm_slots=4), ModelDemand("b", demand(critical=2), warm_slots=4)]
     quiet = [replace(m, warm_slots=0) for m in models]
-    state = FleetState()
+    state, held = FleetState(), FleetSpec(warm_stabilization_s=600.0)
     sizes = []
     for tick in range(60):
-        decision, state = allocate(SPEC, models if tick == 0 else quiet, Budgets(), state, tick * 15.0)
+        decision, state = allocate(held, models if tick == 0 else quiet, Budgets(), state, tick * 15.0)
         sizes.append(decision.warm_by_shape.get(1, 0))
     assert sizes[0] == 6  # ceil(sqrt(16 + 16)) = 6, not 8
     assert set(sizes[: 600 // 15]) == {6} and sizes[600 // 15] == 0
