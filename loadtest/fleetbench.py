@@ -174,7 +174,22 @@ def shares(models: list[Model], limit: int) -> dict[str, int]:
     return out
 
 
-def _reset(models: list[Model], policy: str) -> None:
+def _starts(models: list[Model], policy: str, limit: int, fixed: dict[str, int]) -> dict[str, int]:
+    """Replicas each model starts with, ready: what its first cold start needs; under a limit, what the policy
+    would give that need (the fleet decision for `fleet`, the peak-proportional share for the others)."""
+    need = {m.name: initial_replicas(m.needed, m.config) for m in models}
+    if not limit:
+        return need
+    if policy != "fleet":
+        return {n: min(x, fixed[n]) for n, x in need.items()}
+    mix = dict(zip(CLASSES, DEFAULT_MIX))
+    demands = [ModelDemand(m.name, class_demand(Decision(replicas=need[m.name]), mix, CLASSES), tier=m.tier,
+                           weight=m.weight) for m in models]
+    allocation, _ = allocate(FleetSpec(classes=CLASSES), demands, Budgets(fleet_gpus=limit), FleetState(), 0.0)
+    return {n: a.replicas for n, a in allocation.models.items()}
+
+
+def _reset(models: list[Model], policy: str, starts: dict[str, int]) -> None:
     for m in models:
         k = m.config.server.concurrency
         if isinstance(m.workload, RequestWorkload):
@@ -182,7 +197,7 @@ def _reset(models: list[Model], policy: str) -> None:
         else:
             m.sim = RateSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s,
                             seed=m.config.arrival_seed)
-        m.cluster = SimCluster.started(m.config.cluster, replicas=initial_replicas(m.needed, m.config), now=0.0)
+        m.cluster = SimCluster.started(m.config.cluster, replicas=starts[m.name], now=0.0)
         m.run = None if policy in ("fleet", "predictive") else policyset.policy(policy, m.config, m.needed)
         m.state = initial_state() if m.run is None else m.run.state
         m.shed, m.guard, m.held, m.top_missed, m.waiting_since_s = {}, Guard(), [], [], math.inf
@@ -224,8 +239,8 @@ def _request_top_missed(m: Model, n: int) -> None:
 
 def simulate(policy: str, models: list[Model], *, limit: int, n: int) -> dict:
     """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`)."""
-    _reset(models, policy)
     fixed = shares(models, limit) if limit else {}
+    _reset(models, policy, _starts(models, policy, limit, fixed))
     fleet_state, fleet_spec = FleetState(), FleetSpec(classes=CLASSES)
     fcfs = limit and policy in ("hpa", "keda")
     tick_s = models[0].config.tick_s
