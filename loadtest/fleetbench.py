@@ -17,11 +17,11 @@ start-up and node provisioning as in the single-model benchmark):
 - `hpa`, `keda`: per model; pods beyond the limit wait for a node, first come first served;
 - `clairvoyant`: per model, knowing the future, without a limit.
 
-Limits of the simulation (stated with the figures): each model has its own simulated node pool; the limit
-counts the GPUs held by replicas and warm placeholders (a node freed by one model and still idle is not
-charged against the limit, as the node provisioner would reuse it for another model's pending pod, but its
-idle time is billed in GPU-hours); the pooled warm slots are apportioned to the models (by their share of
-the squared risk) rather than taken by whichever scales first, which understates pooling.
+One node pool: a replica a model adds beyond its own free slots lands on another model's idle node (freed,
+not yet removed) and, for `fleet`, on another model's ready placeholder (the pooled warm slots are kept
+apportioned to the models, and taken by whichever scales first); a node that must be made costs node
+provisioning. The limit counts the GPUs held by replicas and warm placeholders (an idle node is not
+charged against it, the next pending pod takes it; its idle time is billed in GPU-hours).
 
 Figures: GPU-hours (all held: warming, serving, warm pool, idle nodes), warm-pool GPU-hours, the most GPUs
 held at once (for `clairvoyant` the sum of its models' peaks), and priority inversions: ticks in which a
@@ -256,12 +256,16 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int) -> dict:
                                                budget_reason=f"a fixed {fixed[m.name]}-GPU share of the {limit}-GPU limit"))
             signals[m.name] = s
         decisions = {m.name: _decide(m, signals[m.name], now) for m in models}
+        allocation = None
         if policy == "fleet":
             allocation, fleet_state = allocate(
                 fleet_spec, [_demand(m, decisions[m.name], signals[m.name]) for m in models],
                 Budgets(fleet_gpus=limit or None), fleet_state, now)
-        # first come first served: the model whose pods have waited longest for the limit goes first
-        for m in sorted(models, key=lambda m: (m.waiting_since_s, m.name)):
+        # scale-downs first (they free nodes), then first come first served: the model whose pods have
+        # waited longest for the limit goes first
+        order = sorted(models, key=lambda m: (_target(m, decisions[m.name], allocation if policy == "fleet" else None)
+                                              >= len(m.cluster.pods), m.waiting_since_s, m.name))
+        for m in order:
             d = decisions[m.name]
             if policy == "fleet":
                 a = allocation.models[m.name]
@@ -272,6 +276,7 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int) -> dict:
                 continue
             if fcfs:
                 replicas = _first_come(m, replicas, limit - sum(x.holding() for x in models), now)
+            _share_free_nodes(m, replicas, models, warm_too=policy == "fleet")
             m.cluster.scale_to(replicas)
             m.cluster.warm_to(warm)
             m.shed = shed
@@ -288,6 +293,33 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int) -> dict:
         m.sim.finish(end)
         _request_top_missed(m, n)
     return figures(policy, models, limit=limit, guaranteed=fixed)
+
+
+def _target(m: Model, decision: Decision, allocation) -> int:
+    if allocation is not None:
+        return allocation.models[m.name].replicas
+    return decision.replicas if decision.valid else len(m.cluster.pods)
+
+
+def _share_free_nodes(m: Model, replicas: int, models: list[Model], *, warm_too: bool) -> None:
+    """One node pool for the fleet: replicas `m` adds beyond its own free slots land on another model's idle
+    node (freed, not yet removed) and, when warm capacity is pooled, on another model's ready placeholder,
+    as the scheduler would place a pending pod; the pool is refilled behind it by the next decision. Each
+    simulated cluster keeps its own lists, so the entry moves (with its times: the donor's idle or warm
+    time is billed to `m` when it is taken; the fleet's totals are exact)."""
+    c = m.cluster
+    short = replicas - len(c.pods) - len(c.warm_ready) - len(c.idle)
+    for other in models:
+        if short <= 0:
+            return
+        if other is m or other.cluster.model.gpus_per_replica != c.model.gpus_per_replica:
+            continue
+        while short > 0 and other.cluster.idle:
+            c.idle.append(other.cluster.idle.pop())
+            short -= 1
+        while warm_too and short > 0 and other.cluster.warm_ready:
+            c.warm_ready.append(other.cluster.warm_ready.pop())
+            short -= 1
 
 
 def _first_come(m: Model, replicas: int, free_gpus: int, now: float) -> int:

@@ -20,11 +20,8 @@ def run(capsys, *flags: str) -> dict:
 
 @pytest.fixture(scope="module")
 def limited():
-    """fleet, predictive and hpa at 60 % of the summed clairvoyant peaks, the whole trace: the limit binds.
-    (In the first quarter hour the top tier still sheds 10 % while the GPUs it takes back from the lower
-    tier come up: in the simulator a freed node stays in its model's pool, so a reclaimed GPU costs a node
-    provisioning, docs/fleet.md.)"""
-    args = fleetbench.parse_args(["--fleet", FLEET, "--gpu-limit", "60%",
+    """fleet, predictive and hpa at 60 % of the summed clairvoyant peaks: the limit binds."""
+    args = fleetbench.parse_args(["--fleet", FLEET, "--hours", "0.25", "--gpu-limit", "60%",
                                   "--policies", "fleet,predictive,hpa,clairvoyant"])
     return fleetbench.run_fleet(args)
 
