@@ -237,11 +237,12 @@ def _request_top_missed(m: Model, n: int) -> None:
     m.top_missed = list((count > 0) & (ok < TOP_TARGET * count))
 
 
-def simulate(policy: str, models: list[Model], *, limit: int, n: int) -> dict:
-    """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`)."""
+def simulate(policy: str, models: list[Model], *, limit: int, n: int, warm_hold_s: float = 0.0) -> dict:
+    """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `warm_hold_s`:
+    the fleet decision's `warm_stabilization_s`."""
     fixed = shares(models, limit) if limit else {}
     _reset(models, policy, _starts(models, policy, limit, fixed))
-    fleet_state, fleet_spec = FleetState(), FleetSpec(classes=CLASSES)
+    fleet_state, fleet_spec = FleetState(), FleetSpec(classes=CLASSES, warm_stabilization_s=warm_hold_s)
     fcfs = limit and policy in ("hpa", "keda")
     tick_s = models[0].config.tick_s
     for tick in range(n):
@@ -436,6 +437,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tick-s", type=float, default=15.0)
     p.add_argument("--slo-s", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=5)
+    p.add_argument("--warm-hold-s", type=float, default=0.0,
+                   help="fleet: the pooled warm slots shrink only to their largest size within this window")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -475,7 +478,10 @@ def run_fleet(args: argparse.Namespace) -> dict:
             rows.append(clairvoyant)
         if ratio is not None:
             gpus = max(1, math.floor(ratio * clairvoyant["peak_gpus"]))
-    rows = [simulate(p, models, limit=gpus, n=n) for p in names if p != "clairvoyant"] + rows
+    if not args.warm_hold_s >= 0:
+        raise ConfigError(f"--warm-hold-s {args.warm_hold_s:g}: expected seconds >= 0")
+    rows = [simulate(p, models, limit=gpus, n=n, warm_hold_s=args.warm_hold_s)
+            for p in names if p != "clairvoyant"] + rows
     return {"gpu_limit": gpus, "hours": round(n * args.tick_s / 3600.0, 3), "ticks": n, "policies": rows}
 
 
