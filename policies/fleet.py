@@ -26,8 +26,10 @@ model with unmet demand has a replica that fits).
 Hysteresis: a model keeps a tie while it is within what it held last tick (its key is lowered by half a
 replica), so two equal claims on an odd last replica do not swap it tick to tick, and equal-weight models
 at equal demand still end within one replica of each other. Demand itself is already stabilised by each
-model's scale-down window. The pooled warm capacity shrinks only to the largest size of the last
-`warm_stabilization_s` (the model-level rule, applied to the pool).
+model's scale-down window, and each model's warm need by its growth risk, computed once per forecast
+bucket. The pooled warm capacity can also be held: it shrinks only to the largest size of the last
+`warm_stabilization_s` (0 by default: on the fleet benchmark a 600-s hold changed no attainment and cost
+GPU-hours, docs/fleet.md).
 
 Pooled warm capacity, per replica shape: the models' own warm needs are their growth risk in replicas
 (what their demand may rise above their decision within a node provisioning time). Insured one by one they
