@@ -1,12 +1,14 @@
 """The multi-model benchmark: several traces on one simulated GPU limit, decided together or per model.
 
     python -m loadtest.bench --fleet PATH[:tier[:weight]],... [--gpu-limit N | P%] [--hours H]
-                             [--policies fleet,predictive,hpa,keda,clairvoyant] [--peak-replicas R] [--json]
+                             [--policies fleet,predictive,hpa,keda,clairvoyant] [--peak-replicas R]
+                             [--warm-hold-s S] [--json]
 
-Every trace is replayed from t = 0, all cut at H hours or at the end of the shortest, whichever is first, each scaled so that its
-busiest minute (window) needs `--peak-replicas` replicas, split 20/50/30 % into critical / standard /
-sheddable as in the single-model benchmark. A model is named by its trace's folder. `--gpu-limit 0`: no
-limit; `85%`: 85 % of the summed clairvoyant peaks (the clairvoyant run fixes the number, printed).
+Every trace is replayed from t = 0, all cut at H hours or at the end of the shortest, whichever is first,
+each scaled so that its busiest minute (window) needs `--peak-replicas` replicas, split 20/50/30 % into
+critical / standard / sheddable as in the single-model benchmark. A model is named by its trace's folder.
+`--gpu-limit 0`: no limit; `85%`: 85 % of the summed clairvoyant peaks (the clairvoyant run fixes the
+number, printed).
 
 Policies, each on the same workloads and the same simulated cluster model (1-GPU replicas on 1-GPU nodes,
 start-up and node provisioning as in the single-model benchmark):
@@ -253,8 +255,8 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int, warm_hold_
         for m in models:
             s = m.sim.signals(now, m.cluster)
             if policy == "predictive" and limit and s.cluster is not None:
-                s = replace(s, cluster=replace(s.cluster, budget_replicas=fixed[m.name],
-                                               budget_reason=f"a fixed {fixed[m.name]}-GPU share of the {limit}-GPU limit"))
+                why = f"a fixed {fixed[m.name]}-GPU share of the {limit}-GPU limit"
+                s = replace(s, cluster=replace(s.cluster, budget_replicas=fixed[m.name], budget_reason=why))
             signals[m.name] = s
         decisions = {m.name: _decide(m, signals[m.name], now) for m in models}
         allocation = None
@@ -456,7 +458,8 @@ def _limit(text: str) -> tuple[int | None, float | None]:
             raise ValueError
         return gpus, None
     except ValueError:
-        raise ConfigError(f"--gpu-limit {text!r}: expected a whole number of GPUs >= 0, or a percentage like 85%") from None
+        raise ConfigError(f"--gpu-limit {text!r}: expected a whole number of GPUs >= 0, or a percentage "
+                          f"like 85%") from None
 
 
 def run_fleet(args: argparse.Namespace) -> dict:

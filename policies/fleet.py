@@ -273,6 +273,85 @@ def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: 
     return reasons
 
 
+def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill,
+                   remaining: dict[str, dict[str, int]]) -> None:
+    """The guaranteed level: each model up to its nominal quota, booked to its highest classes."""
+    for m in models:
+        quota = m.nominal_gpus // m.gpus_per_replica
+        for cls in spec.classes:
+            while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
+                fill.give(m, cls)
+                remaining[m.name][cls] -= 1
+                quota -= 1
+
+
+def _serve_levels(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
+                  previous: Mapping[str, int]) -> dict[str, list[str]]:
+    """Every level in order; per model, the levels it was not fully served at."""
+    unmet: dict[str, list[str]] = {m.name: [] for m in models}
+    for tier, cls in level_order(spec, models):
+        claims = [(m, remaining[m.name].get(cls, 0), cls) for m in models if m.tier == tier]
+        before = {m.name: fill.replicas[m.name] for m, _, _ in claims}
+        _fill_level(fill, claims, previous)
+        for m, n, _ in claims:
+            if fill.replicas[m.name] - before[m.name] < n:
+                unmet[m.name].append(_level_name(tier, cls))
+    return unmet
+
+
+@dataclass(frozen=True)
+class _Pool:
+    slots: dict[int, int]  # per shape, kept
+    held: dict[int, int]  # per shape, wanted (after the hold window)
+    recent: dict[int, tuple[tuple[float, int], ...]]
+    shares: dict[str, int]  # per model, its part of its shape's pool
+
+
+def _pool(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, state: FleetState, now: float) -> _Pool:
+    """Pooled warm capacity within what the budget leaves after the replicas, smallest shape first."""
+    held, recent = _stabilize_warm(spec, state, _pool_need(models, spec.warm_correlation_ratio), now)
+    slots = {}
+    for g in sorted(held):
+        slots[g] = held[g] if fill.free_gpus == math.inf else min(held[g], int(fill.free_gpus // g))
+        fill.free_gpus -= slots[g] * g
+    shares: dict[str, int] = {}
+    for g, n in slots.items():
+        shares.update(_apportion(n, {m.name: m.warm_slots for m in models if m.gpus_per_replica == g}))
+    return _Pool(slots, held, recent, shares)
+
+
+def _shed(m: ModelDemand, by_class: Mapping[str, int]) -> dict[str, float]:
+    """The model's own shed levels, raised for sheddable classes by the fraction the budget leaves uncovered."""
+    shed = dict(m.shed)
+    for cls in m.sheddable:
+        want = m.demand_replicas.get(cls, 0)
+        if want > 0 and by_class.get(cls, 0) < want:
+            shed[cls] = round(max(shed.get(cls, 0.0), 1.0 - by_class.get(cls, 0) / want), 3)
+    return shed
+
+
+def _lending(models: list[ModelDemand], fill: _Fill) -> tuple[dict[str, float], dict[str, str]]:
+    """GPUs each model holds beyond its nominal quota, and for each model under its quota what it lends."""
+    held = {m.name: fill.replicas[m.name] * m.gpus_per_replica for m in models}
+    borrowed = {m.name: float(max(0, held[m.name] - m.nominal_gpus)) if m.nominal_gpus else 0.0 for m in models}
+    takers = ", ".join(n for n, b in borrowed.items() if b > 0)
+    lent = {m.name: f"{m.nominal_gpus - held[m.name]:g} GPUs of its nominal lent to {takers}" for m in models
+            if takers and m.nominal_gpus and held[m.name] < m.nominal_gpus}
+    return borrowed, lent
+
+
+def _pool_reasons(spec: FleetSpec, models: list[ModelDemand], pool: _Pool) -> list[str]:
+    reasons = []
+    for g in sorted(pool.slots):
+        if not pool.held[g]:
+            continue
+        risks = sorted(m.warm_slots for m in models if m.gpus_per_replica == g and m.warm_slots)
+        capped = "; capped by the budget" if pool.slots[g] < pool.held[g] else ""
+        reasons.append(f"warm pool {g}-GPU: {pool.slots[g]} slots pooled for risks {risks} (alone {sum(risks)}; "
+                       f"held for {spec.warm_stabilization_s:.0f} s{capped})")
+    return reasons
+
+
 def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float
              ) -> tuple[FleetDecision, FleetState]:
     """One tick of the fleet decision (module docstring). `now`: the tick's time, for the warm pool's
@@ -287,65 +366,23 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         by_class={m.name: {} for m in models},
     )
     remaining = {m.name: dict(m.demand_replicas) for m in models}
-    # the guaranteed (nominal) level: each model up to its nominal quota, booked to its highest classes
-    for m in models:
-        quota = m.nominal_gpus // m.gpus_per_replica
-        for cls in spec.classes:
-            while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
-                fill.give(m, cls)
-                remaining[m.name][cls] -= 1
-                quota -= 1
-    unmet: dict[str, list[str]] = {m.name: [] for m in models}
-    for tier, cls in level_order(spec, models):
-        claims = [(m, remaining[m.name].get(cls, 0), cls) for m in models if m.tier == tier]
-        before = {m.name: fill.replicas[m.name] for m, _, _ in claims}
-        _fill_level(fill, claims, state.replicas)
-        for m, n, _ in claims:
-            if fill.replicas[m.name] - before[m.name] < n:
-                unmet[m.name].append(_level_name(tier, cls))
-    # pooled warm capacity within what the budget leaves, smallest shape first
-    need = _pool_need(models, spec.warm_correlation_ratio)
-    held, recent = _stabilize_warm(spec, state, need, now)
-    pool = {}
-    for g in sorted(held):
-        slots = held[g] if fill.free_gpus == math.inf else min(held[g], int(fill.free_gpus // g))
-        pool[g] = slots
-        if fill.free_gpus != math.inf:
-            fill.free_gpus -= slots * g
-    warm_share: dict[str, int] = {}
-    for g, slots in pool.items():
-        warm_share.update(_apportion(slots, {m.name: m.warm_slots for m in models if m.gpus_per_replica == g}))
-
-    borrowed = {m.name: max(0.0, fill.replicas[m.name] * m.gpus_per_replica - m.nominal_gpus)
-                if m.nominal_gpus else 0.0 for m in models}
-    lenders = {m.name: (m.nominal_gpus - fill.replicas[m.name] * m.gpus_per_replica) for m in models
-               if m.nominal_gpus and fill.replicas[m.name] * m.gpus_per_replica < m.nominal_gpus}
+    _serve_nominal(spec, models, fill, remaining)
+    unmet = _serve_levels(spec, models, fill, remaining, state.replicas)
+    replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
+    pool = _pool(spec, models, fill, state, now)
+    borrowed, lent = _lending(models, fill)
     out = {}
     for m in models:
-        by_class = fill.by_class[m.name]
-        shed = dict(m.shed)
-        for cls in m.sheddable:
-            want = m.demand_replicas.get(cls, 0)
-            if want > 0 and by_class.get(cls, 0) < want:
-                shed[cls] = round(max(shed.get(cls, 0.0), 1.0 - by_class.get(cls, 0) / want), 3)
-        lent_to = []
-        if m.name in lenders:
-            takers = [f"{n}" for n, b in borrowed.items() if b > 0]
-            if takers:
-                lent_to = [f"{lenders[m.name]:g} GPUs of its nominal lent to {', '.join(takers)}"]
+        shed = _shed(m, fill.by_class[m.name])
+        lent_to = [lent[m.name]] if m.name in lent else []
         reasons = _model_reasons(m, fill, budgets, unmet[m.name], shed, borrowed[m.name], lent_to)
-        if warm_share.get(m.name):
-            reasons.append(f"warm pool: {warm_share[m.name]} of the {pool[m.gpus_per_replica]} pooled "
+        warm = pool.shares.get(m.name, 0)
+        if warm:
+            reasons.append(f"warm pool: {warm} of the {pool.slots[m.gpus_per_replica]} pooled "
                            f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
-        out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=warm_share.get(m.name, 0), shed=shed,
-                                 replicas_by_class=dict(by_class), reasons=tuple(reasons))
-    used = sum(a.replicas * m.gpus_per_replica for m, a in zip(models, out.values())) + sum(
-        g * s for g, s in pool.items())
-    fleet_reasons = [
-        f"warm pool {g}-GPU: {pool[g]} slots pooled for risks {sorted(m.warm_slots for m in models if m.gpus_per_replica == g and m.warm_slots)} "
-        f"(alone {sum(m.warm_slots for m in models if m.gpus_per_replica == g)}; held for "
-        f"{spec.warm_stabilization_s:.0f} s{'; capped by the budget' if pool[g] < held[g] else ''})"
-        for g in sorted(pool) if held[g]
-    ]
-    decision = FleetDecision(models=out, warm_by_shape=pool, gpus_used=int(used), reasons=tuple(fleet_reasons))
-    return decision, FleetState(replicas=dict(fill.replicas), warm_recent=recent)
+        out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=warm, shed=shed,
+                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
+    used = replica_gpus + sum(g * n for g, n in pool.slots.items())
+    decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
+                             reasons=tuple(_pool_reasons(spec, models, pool)))
+    return decision, FleetState(replicas=dict(fill.replicas), warm_recent=pool.recent)
