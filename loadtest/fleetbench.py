@@ -239,69 +239,98 @@ def _request_top_missed(m: Model, n: int) -> None:
     m.top_missed = list((count > 0) & (ok < TOP_TARGET * count))
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What differs between the policies in one run: the limit, each model's fixed share, how it is enforced."""
+
+    policy: str
+    limit: int
+    fixed: dict[str, int]
+
+    @property
+    def first_come(self) -> bool:
+        return bool(self.limit) and self.policy in ("hpa", "keda")
+
+
+def _signals(m: Model, rules: _Rules, now: float):
+    """What the model's controller reads; under a fixed share, the share as its budget (as a config cap)."""
+    s = m.sim.signals(now, m.cluster)
+    if rules.policy == "predictive" and rules.limit and s.cluster is not None:
+        share = rules.fixed[m.name]
+        why = f"a fixed {share}-GPU share of the {rules.limit}-GPU limit"
+        s = replace(s, cluster=replace(s.cluster, budget_replicas=share, budget_reason=why))
+    return s
+
+
+def _targets(models: list[Model], decisions: dict[str, Decision], allocation) -> dict[str, tuple]:
+    """Per model (replicas, warm slots, shed levels) to apply; a model whose decision is invalid is left alone."""
+    out = {}
+    for m in models:
+        d = decisions[m.name]
+        if allocation is not None:
+            a = allocation.models[m.name]
+            out[m.name] = (a.replicas, a.warm_slots, dict(a.shed))
+        elif d.valid:
+            out[m.name] = (d.replicas, d.warm_slots, dict(d.shed))
+    return out
+
+
+def _apply(models: list[Model], targets: dict[str, tuple], decisions: dict[str, Decision], rules: _Rules,
+           now: float) -> None:
+    # scale-downs first (they free nodes), then first come first served: the model whose pods have waited
+    # longest for the limit goes first
+    def order(m: Model) -> tuple:
+        wanted = targets[m.name][0] if m.name in targets else len(m.cluster.pods)
+        return wanted >= len(m.cluster.pods), m.waiting_since_s, m.name
+
+    for m in sorted(models, key=order):
+        if m.name not in targets:
+            continue
+        replicas, warm, shed = targets[m.name]
+        if rules.first_come:
+            replicas = _first_come(m, replicas, rules.limit - sum(x.holding() for x in models), now)
+        _share_free_nodes(m, replicas, models, warm_too=rules.policy == "fleet")
+        m.cluster.scale_to(replicas)
+        m.cluster.warm_to(warm)
+        m.shed = shed
+        if decisions[m.name].valid:
+            m.guard = Guard.of(decisions[m.name])
+
+
+def _serve(m: Model, now: float, tick_s: float) -> None:
+    m.held.append(m.holding())
+    before = (float(m.sim.met[0]), float(m.sim.total[0])) if isinstance(m.sim, RateSim) else (0.0, 0.0)
+    m.sim.serve(now, now + tick_s, m.cluster, m.shed, m.guard)
+    _tick_top_missed(m, before)
+
+
 def simulate(policy: str, models: list[Model], *, limit: int, n: int, warm_hold_s: float = 0.0) -> dict:
     """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `warm_hold_s`:
     the fleet decision's `warm_stabilization_s`."""
-    fixed = shares(models, limit) if limit else {}
-    _reset(models, policy, _starts(models, policy, limit, fixed))
+    rules = _Rules(policy, limit, shares(models, limit) if limit else {})
+    _reset(models, policy, _starts(models, policy, limit, rules.fixed))
     fleet_state, fleet_spec = FleetState(), FleetSpec(classes=CLASSES, warm_stabilization_s=warm_hold_s)
-    fcfs = limit and policy in ("hpa", "keda")
     tick_s = models[0].config.tick_s
     for tick in range(n):
         now = tick * tick_s
         for m in models:
             m.cluster.advance(now)
-        signals = {}
-        for m in models:
-            s = m.sim.signals(now, m.cluster)
-            if policy == "predictive" and limit and s.cluster is not None:
-                why = f"a fixed {fixed[m.name]}-GPU share of the {limit}-GPU limit"
-                s = replace(s, cluster=replace(s.cluster, budget_replicas=fixed[m.name], budget_reason=why))
-            signals[m.name] = s
+        signals = {m.name: _signals(m, rules, now) for m in models}
         decisions = {m.name: _decide(m, signals[m.name], now) for m in models}
         allocation = None
         if policy == "fleet":
             allocation, fleet_state = allocate(
                 fleet_spec, [_demand(m, decisions[m.name], signals[m.name]) for m in models],
                 Budgets(fleet_gpus=limit or None), fleet_state, now)
-        # scale-downs first (they free nodes), then first come first served: the model whose pods have
-        # waited longest for the limit goes first
-        order = sorted(models, key=lambda m: (_target(m, decisions[m.name], allocation if policy == "fleet" else None)
-                                              >= len(m.cluster.pods), m.waiting_since_s, m.name))
-        for m in order:
-            d = decisions[m.name]
-            if policy == "fleet":
-                a = allocation.models[m.name]
-                replicas, warm, shed = a.replicas, a.warm_slots, dict(a.shed)
-            elif d.valid:
-                replicas, warm, shed = d.replicas, d.warm_slots, dict(d.shed)
-            else:
-                continue
-            if fcfs:
-                replicas = _first_come(m, replicas, limit - sum(x.holding() for x in models), now)
-            _share_free_nodes(m, replicas, models, warm_too=policy == "fleet")
-            m.cluster.scale_to(replicas)
-            m.cluster.warm_to(warm)
-            m.shed = shed
-            if d.valid:
-                m.guard = Guard.of(d)
+        _apply(models, _targets(models, decisions, allocation), decisions, rules, now)
         for m in models:
-            m.held.append(m.holding())
-            before = (float(m.sim.met[0]), float(m.sim.total[0])) if isinstance(m.sim, RateSim) else (0.0, 0.0)
-            m.sim.serve(now, now + tick_s, m.cluster, m.shed, m.guard)
-            _tick_top_missed(m, before)
+            _serve(m, now, tick_s)
     end = n * tick_s
     for m in models:
         m.cluster.advance(end)
         m.sim.finish(end)
         _request_top_missed(m, n)
-    return figures(policy, models, limit=limit, guaranteed=fixed)
-
-
-def _target(m: Model, decision: Decision, allocation) -> int:
-    if allocation is not None:
-        return allocation.models[m.name].replicas
-    return decision.replicas if decision.valid else len(m.cluster.pods)
+    return figures(policy, models, limit=limit, guaranteed=rules.fixed)
 
 
 def _share_free_nodes(m: Model, replicas: int, models: list[Model], *, warm_too: bool) -> None:
