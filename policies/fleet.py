@@ -99,6 +99,18 @@ class ModelDemand:
     sheddable: tuple[str, ...] = ("sheddable",)
     shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
 
+    def __post_init__(self) -> None:
+        bad = [f"{c} = {n!r}" for c, n in self.demand_replicas.items() if not isinstance(n, int) or n < 0]
+        if bad:
+            raise ValueError(f"model {self.name!r}: demand_replicas must be whole numbers >= 0, got {', '.join(bad)}")
+        if not isinstance(self.gpus_per_replica, int) or self.gpus_per_replica < 1:
+            raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
+        if self.nominal_gpus < 0 or self.warm_slots < 0:
+            raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}) and warm_slots "
+                             f"({self.warm_slots}) must be >= 0")
+
     @property
     def replicas_wanted(self) -> int:
         return sum(self.demand_replicas.values())
@@ -133,12 +145,14 @@ def class_demand(decision: Decision, rates_by_class: Mapping[str, float],
     """A model's decided replicas split per class, highest first, by cumulative rounding up of the classes'
     arrival shares (module docstring). Without per-class rates every replica is the highest class's."""
     replicas = max(0, decision.replicas)
-    total = sum(max(0.0, rates_by_class.get(c, 0.0)) for c in classes)
+    # a rate that is not a finite number >= 0 (a broken counter) counts as no arrivals of that class
+    rates = {c: float(r) if math.isfinite(r := rates_by_class.get(c, 0.0)) and r > 0 else 0.0 for c in classes}
+    total = sum(rates.values())
     if total <= 0:
         return {c: (replicas if i == 0 else 0) for i, c in enumerate(classes)}
     out, cumulative_rate, given = {}, 0.0, 0
     for c in classes:
-        cumulative_rate += max(0.0, rates_by_class.get(c, 0.0))
+        cumulative_rate += rates[c]
         # round before ceil: 10 x 0.7 must be 7, not 8 from 7.000000000001
         upto = min(replicas, math.ceil(round(replicas * cumulative_rate / total, 9)))
         out[c] = upto - given
@@ -162,11 +176,17 @@ class _Fill:
     ns_free: dict[str, float]
     replicas: dict[str, int]
     by_class: dict[str, dict[str, int]]
-    unmet_levels: list[str] = field(default_factory=list)
+
+    held_by: dict[str, str] = field(default_factory=dict)  # model -> the budget that last passed it over
 
     def fits(self, m: ModelDemand) -> bool:
-        return (m.gpus_per_replica <= self.free_gpus
-                and m.gpus_per_replica <= self.ns_free.get(m.namespace, math.inf))
+        if m.gpus_per_replica > self.free_gpus:
+            self.held_by[m.name] = "fleet"
+            return False
+        if m.gpus_per_replica > self.ns_free.get(m.namespace, math.inf):
+            self.held_by[m.name] = "namespace"
+            return False
+        return True
 
     def give(self, m: ModelDemand, cls: str) -> None:
         self.free_gpus -= m.gpus_per_replica
@@ -254,8 +274,9 @@ def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: 
     got, want = fill.replicas[m.name], m.replicas_wanted
     reasons = []
     if got < want:
-        what = "fleet budget" if fill.free_gpus < m.gpus_per_replica else f"namespace {m.namespace!r} budget"
-        cap = budgets.fleet_gpus if what == "fleet budget" else budgets.namespace_gpus.get(m.namespace)
+        by_fleet = fill.held_by.get(m.name, "fleet") == "fleet"
+        what = "fleet budget" if by_fleet else f"namespace {m.namespace!r} budget"
+        cap = budgets.fleet_gpus if by_fleet else budgets.namespace_gpus.get(m.namespace)
         reasons.append(f"capped by {what} ({cap} GPUs): {got} of {want} replicas, levels served in order "
                        f"(tier 0 critical first); {', '.join(levels_unmet) or 'its levels'} not fully served")
         for cls, fraction in shed.items():
@@ -326,7 +347,7 @@ def _shed(m: ModelDemand, by_class: Mapping[str, int]) -> dict[str, float]:
     for cls in m.sheddable:
         want = m.demand_replicas.get(cls, 0)
         if want > 0 and by_class.get(cls, 0) < want:
-            shed[cls] = round(max(shed.get(cls, 0.0), 1.0 - by_class.get(cls, 0) / want), 3)
+            shed[cls] = max(shed.get(cls, 0.0), round(1.0 - by_class.get(cls, 0) / want, 3))
     return shed
 
 

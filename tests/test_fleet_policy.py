@@ -4,6 +4,7 @@ hysteresis, examples for its reasons and its pooled warm capacity."""
 import math
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -199,6 +200,15 @@ def test_reasons_name_the_budget_the_levels_and_the_shedding():
     assert decision.models["model-a"].reasons == ()
 
 
+def test_a_namespace_cap_holds_its_models_and_the_others_take_the_rest():
+    models = [ModelDemand("b1", demand(critical=4), namespace="team-b"),
+              ModelDemand("b2", demand(critical=4), namespace="team-b"),
+              ModelDemand("a", demand(sheddable=10), tier=2, namespace="team-a")]
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=12, namespace_gpus={"team-b": 4}), FleetState(), 0.0)
+    assert [decision.models[n].replicas for n in ("b1", "b2", "a")] == [2, 2, 8]
+    assert decision.models["b1"].reasons[0].startswith("capped by namespace 'team-b' budget (4 GPUs): 2 of 4")
+
+
 def test_nominal_quota_is_guaranteed_and_lent_while_unused():
     """Kueue-style: model-a's 8 nominal GPUs come before tier order; while it needs only 2, model-b borrows."""
     a = ModelDemand("model-a", demand(critical=2), tier=1, nominal_gpus=8)
@@ -219,6 +229,40 @@ def test_class_demand_splits_the_decision_by_arrival_shares():
     assert class_demand(Decision(replicas=3), rates) == {"critical": 1, "standard": 2, "sheddable": 0}
     assert class_demand(d, {}) == {"critical": 10, "standard": 0, "sheddable": 0}
     assert sum(class_demand(Decision(replicas=7), {"critical": 1.0, "sheddable": 2.0}).values()) == 7
+
+
+def test_class_demand_ignores_broken_rates():
+    rates = {"critical": math.nan, "standard": math.inf, "sheddable": -3.0}
+    assert class_demand(Decision(replicas=4), rates) == {"critical": 4, "standard": 0, "sheddable": 0}
+    assert class_demand(Decision(replicas=4), {"critical": math.inf, "standard": 1.0}) == {
+        "critical": 0, "standard": 4, "sheddable": 0}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"demand_replicas": {"critical": -1}}, "whole numbers >= 0"),
+    ({"demand_replicas": {"critical": 1.5}}, "whole numbers >= 0"),
+    ({"gpus_per_replica": 0}, "gpus_per_replica = 0"),
+    ({"weight": 0.0}, "weight = 0.0"),
+    ({"weight": math.nan}, "weight = nan"),
+    ({"nominal_gpus": -2}, "must be >= 0"),
+])
+def test_bad_model_input_is_a_clear_error(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ModelDemand(**{"name": "m", "demand_replicas": {"critical": 1}, **fields})
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), budgets(), st.dictionaries(st.sampled_from(CLASSES), st.floats(0, 1), max_size=3))
+def test_shed_only_sheddable_classes_and_never_below_the_models_own(models, caps, own):
+    models = [replace(m, shed=own) for m in models]
+    decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    for m in models:
+        shed = decision.models[m.name].shed
+        assert set(shed) <= set(own) | set(m.sheddable)
+        assert all(0.0 <= v <= 1.0 for v in shed.values())
+        assert all(shed[c] >= v for c, v in own.items())
+        for c in set(shed) - set(own):
+            assert shed[c] > 0 and decision.models[m.name].replicas_by_class.get(c, 0) < m.demand_replicas[c]
 
 
 def test_duplicate_names_are_refused():
