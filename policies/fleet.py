@@ -1,4 +1,4 @@
-"""`allocate(spec, models, budgets, state) -> (FleetDecision, FleetState)`: the fleet's decision of one tick.
+"""`allocate(spec, models, budgets, state, now) -> (FleetDecision, FleetState)`: the fleet's decision of a tick.
 
 Every model decides alone first (`decide`, unchanged): how many replicas it wants and how many warm slots
 its own growth risk asks for. This module decides the fleet together, on one GPU budget. Pure: no clock,
@@ -37,15 +37,17 @@ sum; insured together, with independent risks, the quantile of the sum is about 
 e.g. four models each needing 4 warm slots need 16 alone but ceil(sqrt(4 x 16)) = 8 pooled. Correlated
 surges (one event hitting every model) break the independence; `warm_correlation_ratio` (0: independent,
 1: fully correlated, the sum) blends the two. The pool gets what the budget leaves after all replicas,
-smallest shape first, and is apportioned to the models by their share of the squared risk for
+smallest shape first (placeholders are the fleet's: namespace caps do not apply to them), and is
+apportioned to the models by their share of the squared risk, never above a model's own need, for
 actuators that keep placeholders per model.
 
 Invariants (tests/test_fleet_policy.py, hypothesis): never above the fleet cap or a namespace cap; a
 level's allocation does not depend on any lower level's demand; equal weights at equal demand are within
 one replica; more GPUs never lower any model's replicas when all models share one replica shape (with
-mixed shapes whole replicas make that impossible together with work conservation: 3 free GPUs go to a
-1-GPU model until a 4th lets a 4-GPU replica of a higher claim in); no GPU left idle while a model's
-replica with unmet demand fits.
+mixed shapes whole replicas make that impossible together with work conservation: with 5 GPUs a 4-GPU
+replica that does not fit at its turn leaves them to a 1-GPU model, with 7 it fits and the 1-GPU model
+gets less); no GPU left idle while a model's replica with unmet demand fits; only sheddable classes are
+shed, never below the model's own level.
 """
 
 from __future__ import annotations
