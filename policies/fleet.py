@@ -15,7 +15,8 @@ tier-major (tier 0 critical, tier 0 standard, tier 0 sheddable, tier 1 critical,
 explicit list (`FleetSpec.levels`, e.g. class-major: every tier's critical before any standard). Before
 the levels, each model's `nominal_gpus` (a Kueue-style guaranteed quota, 0 by default) is served: the
 stretch towards cohort semantics (nominal guaranteed, the rest borrowed while nobody with a claim needs
-it, reclaimed the next tick they do, since every tick allocates afresh).
+it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed the next tick they do, since every tick
+allocates afresh; what a reclaim costs, a drain and a start-up, is not weighed yet).
 
 Fair share within a level: weighted max-min in whole replicas, by progressive filling. The next replica
 goes to the model with unmet demand at this level whose GPUs at this level divided by its weight are
@@ -98,6 +99,8 @@ class ModelDemand:
     warm_slots: int = 0
     lead_time_s: float | None = None
     nominal_gpus: int = 0
+    # Kueue's borrowingLimit: at most this many GPUs beyond `nominal_gpus` (None: no limit)
+    borrowing_limit_gpus: int | None = None
     sheddable: tuple[str, ...] = ("sheddable",)
     shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
 
@@ -109,9 +112,14 @@ class ModelDemand:
             raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
-        if self.nominal_gpus < 0 or self.warm_slots < 0:
-            raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}) and warm_slots "
-                             f"({self.warm_slots}) must be >= 0")
+        if self.nominal_gpus < 0 or self.warm_slots < 0 or (self.borrowing_limit_gpus or 0) < 0:
+            raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}), borrowing_limit_gpus "
+                             f"({self.borrowing_limit_gpus}) and warm_slots ({self.warm_slots}) must be >= 0")
+
+    @property
+    def max_gpus(self) -> float:
+        """What the model may hold at most: its nominal quota plus its borrowing limit (inf: no limit)."""
+        return math.inf if self.borrowing_limit_gpus is None else self.nominal_gpus + self.borrowing_limit_gpus
 
     @property
     def replicas_wanted(self) -> int:
@@ -182,6 +190,9 @@ class _Fill:
     held_by: dict[str, str] = field(default_factory=dict)  # model -> the budget that last passed it over
 
     def fits(self, m: ModelDemand) -> bool:
+        if (self.replicas[m.name] + 1) * m.gpus_per_replica > m.max_gpus:
+            self.held_by[m.name] = "borrowing"
+            return False
         if m.gpus_per_replica > self.free_gpus:
             self.held_by[m.name] = "fleet"
             return False
@@ -276,9 +287,11 @@ def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: 
     got, want = fill.replicas[m.name], m.replicas_wanted
     reasons = []
     if got < want:
-        by_fleet = fill.held_by.get(m.name, "fleet") == "fleet"
-        what = "fleet budget" if by_fleet else f"namespace {m.namespace!r} budget"
-        cap = budgets.fleet_gpus if by_fleet else budgets.namespace_gpus.get(m.namespace)
+        what, cap = {
+            "fleet": ("fleet budget", budgets.fleet_gpus),
+            "namespace": (f"namespace {m.namespace!r} budget", budgets.namespace_gpus.get(m.namespace)),
+            "borrowing": (f"its nominal {m.nominal_gpus} + borrowing limit {m.borrowing_limit_gpus}", m.max_gpus),
+        }[fill.held_by.get(m.name, "fleet")]
         reasons.append(f"capped by {what} ({cap} GPUs): {got} of {want} replicas, levels served in order "
                        f"(tier 0 critical first); {', '.join(levels_unmet) or 'its levels'} not fully served")
         for cls, fraction in shed.items():

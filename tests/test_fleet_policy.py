@@ -35,6 +35,8 @@ def fleets(draw, *, shapes=(1, 2, 4, 8), max_models=5):
             weight=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
             namespace=draw(st.sampled_from(namespaces)),
             warm_slots=draw(st.integers(0, 6)),
+            nominal_gpus=draw(st.sampled_from([0, 0, 4, 16])),
+            borrowing_limit_gpus=draw(st.sampled_from([None, None, 0, 8])),
         ))
     return models
 
@@ -68,13 +70,16 @@ def test_never_above_any_budget(models, caps):
     for m in models:
         a = decision.models[m.name]
         assert a.replicas <= m.replicas_wanted
+        assert a.replicas * m.gpus_per_replica <= m.max_gpus
         assert all(a.replicas_by_class.get(c, 0) <= m.demand_replicas[c] for c in CLASSES)
 
 
 @settings(max_examples=200, deadline=None)
 @given(fleets(), budgets(), st.integers(1, 9))
 def test_a_level_never_takes_gpus_a_higher_level_needs(models, caps, cut):
-    """Removing the demand of every level from `cut` on changes nothing above it."""
+    """Removing the demand of every level from `cut` on changes nothing above it. (Nominal quotas are
+    left out: they form a level of their own, served before every tier.)"""
+    models = [replace(m, nominal_gpus=0) for m in models]
     levels = level_order(SPEC, models)
     cut = min(cut, len(levels))
     lower = set(levels[cut:])
@@ -114,14 +119,16 @@ def test_more_gpus_never_lower_anyones_allocation(models, cap, more, ns_caps):
 @settings(max_examples=300, deadline=None)
 @given(fleets(), budgets())
 def test_work_conserving(models, caps):
-    """No model with unmet demand has a replica that fits what the fleet and its namespace leave."""
+    """No model with unmet demand has a replica that fits what the fleet, its namespace and its borrowing
+    limit leave."""
     decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
     replicas_gpus = gpus(models, decision)
     fleet_left = math.inf if caps.fleet_gpus is None else caps.fleet_gpus - replicas_gpus
     for m in models:
         if decision.models[m.name].replicas < m.replicas_wanted:
             ns_left = caps.namespace_gpus.get(m.namespace, math.inf) - gpus(models, decision, namespace=m.namespace)
-            assert m.gpus_per_replica > min(fleet_left, ns_left)
+            own_left = m.max_gpus - decision.models[m.name].replicas * m.gpus_per_replica
+            assert m.gpus_per_replica > min(fleet_left, ns_left, own_left)
 
 
 def test_mixed_shapes_trade_monotonicity_for_work_conservation():
@@ -222,6 +229,17 @@ def test_nominal_quota_is_guaranteed_and_lent_while_unused():
     assert (reclaimed.models["model-a"].replicas, reclaimed.models["model-b"].replicas) == (8, 2)
 
 
+def test_borrowing_stops_at_the_borrowing_limit_and_the_rest_goes_to_others():
+    """Kueue's borrowingLimit: model-b (nominal 4, may borrow 2) stops at 6 GPUs although the fleet has more;
+    the lower tier takes the rest (work conserving within each model's limits)."""
+    b = ModelDemand("model-b", demand(critical=12), tier=0, nominal_gpus=4, borrowing_limit_gpus=2)
+    c = ModelDemand("model-c", demand(sheddable=12), tier=1)
+    decision, _ = allocate(SPEC, [b, c], Budgets(fleet_gpus=10), FleetState(), 0.0)
+    assert (decision.models["model-b"].replicas, decision.models["model-c"].replicas) == (6, 4)
+    assert decision.models["model-b"].reasons[0].startswith(
+        "capped by its nominal 4 + borrowing limit 2 (6 GPUs): 6 of 12 replicas")
+
+
 def test_class_demand_splits_the_decision_by_arrival_shares():
     d = Decision(replicas=10)
     rates = {"critical": 2.0, "standard": 5.0, "sheddable": 3.0}
@@ -245,6 +263,7 @@ def test_class_demand_ignores_broken_rates():
     ({"weight": 0.0}, "weight = 0.0"),
     ({"weight": math.nan}, "weight = nan"),
     ({"nominal_gpus": -2}, "must be >= 0"),
+    ({"borrowing_limit_gpus": -1}, "must be >= 0"),
 ])
 def test_bad_model_input_is_a_clear_error(fields, words):
     with pytest.raises(ValueError, match=words):
