@@ -89,3 +89,19 @@ def test_bad_spec_is_a_clear_error(spec, words):
 def test_bad_input_exits_2_with_the_reason(flags, words, capsys):
     assert bench.main(flags) == 2
     assert words in capsys.readouterr().err
+
+
+def test_an_inversion_is_a_lower_tier_beyond_its_share_while_a_higher_critical_misses():
+    def model(name, tier, held, missed):
+        m = fleetbench.Model(name, tier, 1.0, workload=None, config=None, needed=None, spec=None)
+        m.held, m.top_missed = held, missed
+        return m
+
+    top = model("top", 0, [5, 5, 5, 5], [False, True, True, True])
+    low = model("low", 1, [3, 6, 4, 6], [True, False, False, False])
+    # ticks 1 and 3: the top tier misses while the lower one holds 6 GPUs, beyond its 5; at tick 0 the miss
+    # is the lower tier's own, at tick 2 it holds within its share
+    assert fleetbench.inversions([top, low], {"top": 5, "low": 5}) == 2
+    assert fleetbench.inversions([top, low], {}) == 0
+    same_tier = model("peer", 0, [9, 9, 9, 9], [False] * 4)
+    assert fleetbench.inversions([top, same_tier], {"top": 5, "peer": 5}) == 0
