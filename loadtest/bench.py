@@ -220,6 +220,11 @@ def prepare(args: argparse.Namespace) -> Setup:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--fleet" or a.startswith("--fleet=") for a in argv):  # the multi-model benchmark
+        from loadtest.fleetbench import main as fleet_main
+
+        return fleet_main(argv)
     args = parse_args(argv)
     try:
         setup = prepare(args)

@@ -1,0 +1,424 @@
+"""`allocate(spec, models, budgets, state, now) -> (FleetDecision, FleetState)`: the fleet's decision of a tick.
+
+Every model decides alone first (`decide`, unchanged): how many replicas it wants and how many warm slots
+its own growth risk asks for. This module decides the fleet together, on one GPU budget. Pure: no clock,
+no I/O; the previous allocation comes in as a `FleetState` and the new one goes out.
+
+Demand. A model's replicas are split over its priority classes in proportion to their arrival rates
+(`class_demand`): e.g. 10 replicas at 20 % critical, 50 % standard, 30 % sheddable are 2, 5 and 3
+replicas, by cumulative rounding up (critical needs ceil(10 x 0.2) = 2, critical + standard ceil(10 x 0.7)
+= 7, so standard is the next 5). Queueing is not linear in the rate, so this split is an approximation
+that sums exactly to what the model's own decision asked for.
+
+Levels. A level is (tier, class); tier 0 is the highest. Levels are served strictly in order, by default
+tier-major (tier 0 critical, tier 0 standard, tier 0 sheddable, tier 1 critical, ...), configurable as an
+explicit list (`FleetSpec.levels`, e.g. class-major: every tier's critical before any standard). Before
+the levels, each model's `nominal_gpus` (a Kueue-style guaranteed quota, 0 by default) is served: the
+stretch towards cohort semantics (nominal guaranteed, the rest borrowed while nobody with a claim needs
+it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed the next tick they do, since every tick
+allocates afresh; what a reclaim costs, a drain and a start-up, is not weighed yet).
+
+Fair share within a level: weighted max-min in whole replicas, by progressive filling. The next replica
+goes to the model with unmet demand at this level whose GPUs at this level divided by its weight are
+smallest and whose replica still fits the fleet cap and its namespace's cap; a model whose replica does
+not fit is passed over, so smaller shapes take what is left (work conserving: a level ends only when no
+model with unmet demand has a replica that fits).
+
+Hysteresis: a model keeps a tie while it is within what it held last tick (its key is lowered by half a
+replica), so two equal claims on an odd last replica do not swap it tick to tick, and equal-weight models
+at equal demand still end within one replica of each other. Demand itself is already stabilised by each
+model's scale-down window, and each model's warm need by its growth risk, computed once per forecast
+bucket. The pooled warm capacity can also be held: it shrinks only to the largest size of the last
+`warm_stabilization_s` (0 by default: on the fleet benchmark a 600-s hold changed no attainment and cost
+GPU-hours, docs/fleet.md).
+
+Pooled warm capacity, per replica shape: the models' own warm needs are their growth risk in replicas
+(what their demand may rise above their decision within a node provisioning time). Insured one by one they
+sum; insured together, with independent risks, the quantile of the sum is about sqrt(sum of squares):
+e.g. four models each needing 4 warm slots need 16 alone but ceil(sqrt(4 x 16)) = 8 pooled. Correlated
+surges (one event hitting every model) break the independence; `warm_correlation_ratio` (0: independent,
+1: fully correlated, the sum) blends the two. The pool gets what the budget leaves after all replicas,
+smallest shape first (placeholders are the fleet's: namespace caps do not apply to them), and is
+apportioned to the models by their share of the squared risk, never above a model's own need, for
+actuators that keep placeholders per model.
+
+Invariants (tests/test_fleet_policy.py, hypothesis): never above the fleet cap or a namespace cap; a
+level's allocation does not depend on any lower level's demand; equal weights at equal demand are within
+one replica; more GPUs never lower any model's replicas when all models share one replica shape (with
+mixed shapes whole replicas make that impossible together with work conservation: with 5 GPUs a 4-GPU
+replica that does not fit at its turn leaves them to a 1-GPU model, with 7 it fits and the 1-GPU model
+gets less); no GPU left idle while a model's replica with unmet demand fits; only sheddable classes are
+shed, never below the model's own level.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from policies.spec import PRIORITY_CLASSES
+from policies.types import Decision
+
+DEFAULT_CLASSES: tuple[str, ...] = tuple(sorted(PRIORITY_CLASSES, key=lambda c: -PRIORITY_CLASSES[c]))
+NOMINAL = "nominal"  # the pseudo-class of the guaranteed (nominal) level, served before every other
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """How the fleet is ordered and smoothed. `levels`: (tier, class) pairs, highest first; empty: every
+    tier present, tier-major over `classes` (highest class first)."""
+
+    classes: tuple[str, ...] = DEFAULT_CLASSES
+    levels: tuple[tuple[int, str], ...] = ()
+    warm_stabilization_s: float = 0.0
+    warm_correlation_ratio: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """GPU caps: the fleet's (None: no cap) and per namespace (a namespace not named: no cap)."""
+
+    fleet_gpus: int | None = None
+    namespace_gpus: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDemand:
+    """One model's own decision of the tick, as the fleet reads it. `demand_replicas`: per class, the
+    replicas that class needs beyond the higher classes (see `class_demand`). `warm_slots`: its own warm
+    need (growth risk in replicas). `sheddable`: classes the fleet may shed when it cannot serve them."""
+
+    name: str
+    demand_replicas: Mapping[str, int]
+    gpus_per_replica: int = 1
+    tier: int = 0
+    weight: float = 1.0
+    namespace: str = ""
+    warm_slots: int = 0
+    lead_time_s: float | None = None
+    nominal_gpus: int = 0
+    # Kueue's borrowingLimit: at most this many GPUs beyond `nominal_gpus` (None: no limit)
+    borrowing_limit_gpus: int | None = None
+    sheddable: tuple[str, ...] = ("sheddable",)
+    shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
+
+    def __post_init__(self) -> None:
+        bad = [f"{c} = {n!r}" for c, n in self.demand_replicas.items() if not isinstance(n, int) or n < 0]
+        if bad:
+            raise ValueError(f"model {self.name!r}: demand_replicas must be whole numbers >= 0, got {', '.join(bad)}")
+        if not isinstance(self.gpus_per_replica, int) or self.gpus_per_replica < 1:
+            raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
+        if self.nominal_gpus < 0 or self.warm_slots < 0 or (self.borrowing_limit_gpus or 0) < 0:
+            raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}), borrowing_limit_gpus "
+                             f"({self.borrowing_limit_gpus}) and warm_slots ({self.warm_slots}) must be >= 0")
+
+    @property
+    def max_gpus(self) -> float:
+        """What the model may hold at most: its nominal quota plus its borrowing limit (inf: no limit)."""
+        return math.inf if self.borrowing_limit_gpus is None else self.nominal_gpus + self.borrowing_limit_gpus
+
+    @property
+    def replicas_wanted(self) -> int:
+        return sum(self.demand_replicas.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    replicas: int
+    warm_slots: int
+    shed: Mapping[str, float]
+    replicas_by_class: Mapping[str, int]
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetDecision:
+    models: Mapping[str, Allocation]
+    warm_by_shape: Mapping[int, int]  # GPUs per replica -> pooled warm slots of that shape
+    gpus_used: int
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetState:
+    replicas: Mapping[str, int] = field(default_factory=dict)
+    # per shape, (time, pooled need) within the warm stabilization window
+    warm_recent: Mapping[int, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+
+
+def class_demand(decision: Decision, rates_by_class: Mapping[str, float],
+                 classes: tuple[str, ...] = DEFAULT_CLASSES) -> dict[str, int]:
+    """A model's decided replicas split per class, highest first, by cumulative rounding up of the classes'
+    arrival shares (module docstring). Without per-class rates every replica is the highest class's."""
+    replicas = max(0, decision.replicas)
+    # a rate that is not a finite number >= 0 (a broken counter) counts as no arrivals of that class
+    rates = {c: float(r) if math.isfinite(r := rates_by_class.get(c, 0.0)) and r > 0 else 0.0 for c in classes}
+    total = sum(rates.values())
+    if total <= 0:
+        return {c: (replicas if i == 0 else 0) for i, c in enumerate(classes)}
+    out, cumulative_rate, given = {}, 0.0, 0
+    for c in classes:
+        cumulative_rate += rates[c]
+        # round before ceil: 10 x 0.7 must be 7, not 8 from 7.000000000001
+        upto = min(replicas, math.ceil(round(replicas * cumulative_rate / total, 9)))
+        out[c] = upto - given
+        given = upto
+    out[classes[-1]] += replicas - given
+    return out
+
+
+def level_order(spec: FleetSpec, models: list[ModelDemand]) -> list[tuple[int, str]]:
+    if spec.levels:
+        return list(spec.levels)
+    tiers = sorted({m.tier for m in models})
+    return [(t, c) for t in tiers for c in spec.classes]
+
+
+@dataclass
+class _Fill:
+    """The mutable tally of one allocation pass (local to `allocate`, never escapes it)."""
+
+    free_gpus: float
+    ns_free: dict[str, float]
+    replicas: dict[str, int]
+    by_class: dict[str, dict[str, int]]
+
+    held_by: dict[str, str] = field(default_factory=dict)  # model -> the budget that last passed it over
+
+    def fits(self, m: ModelDemand) -> bool:
+        if (self.replicas[m.name] + 1) * m.gpus_per_replica > m.max_gpus:
+            self.held_by[m.name] = "borrowing"
+            return False
+        if m.gpus_per_replica > self.free_gpus:
+            self.held_by[m.name] = "fleet"
+            return False
+        if m.gpus_per_replica > self.ns_free.get(m.namespace, math.inf):
+            self.held_by[m.name] = "namespace"
+            return False
+        return True
+
+    def give(self, m: ModelDemand, cls: str) -> None:
+        self.free_gpus -= m.gpus_per_replica
+        if m.namespace in self.ns_free:
+            self.ns_free[m.namespace] -= m.gpus_per_replica
+        self.replicas[m.name] += 1
+        self.by_class[m.name][cls] = self.by_class[m.name].get(cls, 0) + 1
+
+
+def _fill_level(fill: _Fill, claims: list[tuple[ModelDemand, int, str]], previous: Mapping[str, int]) -> None:
+    """Weighted max-min of whole replicas among `claims` (model, replicas wanted, class to book them to)."""
+    level_gpus = {m.name: 0.0 for m, _, _ in claims}
+    wanted = {m.name: n for m, n, _ in claims}
+    heap = []
+
+    def push(m: ModelDemand, cls: str) -> None:
+        # half a replica of credit while within last tick's replicas: ties go to the incumbent (hysteresis)
+        credit = 0.5 * m.gpus_per_replica if fill.replicas[m.name] < previous.get(m.name, 0) else 0.0
+        key = (level_gpus[m.name] + m.gpus_per_replica - credit) / m.weight
+        heapq.heappush(heap, (key, m.name, id(m), m, cls))
+
+    for m, n, cls in claims:
+        if n > 0:
+            push(m, cls)
+    while heap:
+        _, _, _, m, cls = heapq.heappop(heap)
+        if not fill.fits(m):
+            continue  # passed over: smaller replicas may still use what is left
+        fill.give(m, cls)
+        level_gpus[m.name] += m.gpus_per_replica
+        wanted[m.name] -= 1
+        if wanted[m.name] > 0:
+            push(m, cls)
+
+
+def _level_name(tier: int, cls: str) -> str:
+    return f"tier {tier} {cls}"
+
+
+def _pool_need(models: list[ModelDemand], correlation: float) -> dict[int, int]:
+    shapes: dict[int, list[int]] = {}
+    for m in models:
+        if m.warm_slots > 0:
+            shapes.setdefault(m.gpus_per_replica, []).append(m.warm_slots)
+    need = {}
+    for g, risks in shapes.items():
+        independent = math.sqrt(sum(r * r for r in risks))
+        need[g] = math.ceil(round(independent + correlation * (sum(risks) - independent), 9))
+    return need
+
+
+def _stabilize_warm(spec: FleetSpec, state: FleetState, need: dict[int, int], now: float
+                    ) -> tuple[dict[int, int], dict[int, tuple[tuple[float, int], ...]]]:
+    held, recent = {}, {}
+    for g in set(need) | set(state.warm_recent):
+        window = tuple((t, n) for t, n in state.warm_recent.get(g, ()) if now - t < spec.warm_stabilization_s)
+        window += ((now, need.get(g, 0)),)
+        recent[g] = window
+        held[g] = max(n for _, n in window)
+    return held, {g: w for g, w in recent.items() if any(n for _, n in w)}
+
+
+def _apportion(total: int, risks: dict[str, int]) -> dict[str, int]:
+    """`total` slots over models by their squared risk, none above its own risk, largest remainder first
+    (deterministic by name)."""
+    weights = {n: r * r for n, r in risks.items() if r > 0}
+    out = {n: 0 for n in risks}
+    if not weights or total <= 0:
+        return out
+    s = sum(weights.values())
+    exact = {n: total * w / s for n, w in weights.items()}
+    for n, x in exact.items():
+        out[n] = min(risks[n], math.floor(x))
+    left = min(total, sum(risks[n] for n in weights)) - sum(out.values())
+    while left > 0:
+        open_ = sorted((n for n in weights if out[n] < risks[n]), key=lambda n: (-(exact[n] - out[n]), n))
+        for n in open_[:left]:
+            out[n] += 1
+        left -= len(open_[:left])
+    return out
+
+
+def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: list[str],
+                   shed: Mapping[str, float], borrowed: float, lent_to: list[str]) -> list[str]:
+    got, want = fill.replicas[m.name], m.replicas_wanted
+    reasons = []
+    if got < want:
+        what, cap = {
+            "fleet": ("fleet budget", budgets.fleet_gpus),
+            "namespace": (f"namespace {m.namespace!r} budget", budgets.namespace_gpus.get(m.namespace)),
+            "borrowing": (f"its nominal {m.nominal_gpus} + borrowing limit {m.borrowing_limit_gpus}", m.max_gpus),
+        }[fill.held_by.get(m.name, "fleet")]
+        reasons.append(f"capped by {what} ({cap} GPUs): {got} of {want} replicas, levels served in order "
+                       f"(tier 0 critical first); {', '.join(levels_unmet) or 'its levels'} not fully served")
+        for cls, fraction in shed.items():
+            if fraction > m.shed.get(cls, 0.0):
+                reasons.append(f"shedding {fraction:.0%} of {cls}: its replicas are beyond the fleet budget")
+        kept = [c for c in m.demand_replicas if c not in m.sheddable
+                and fill.by_class[m.name].get(c, 0) < m.demand_replicas[c]]
+        if kept:
+            reasons.append(f"{', '.join(kept)} under-served and never shed: requests queue")
+    if borrowed > 0:
+        reasons.append(f"{borrowed:g} GPUs beyond its nominal {m.nominal_gpus} borrowed from the fleet, "
+                       f"reclaimed when a model with a claim needs them")
+    if lent_to:
+        reasons.append(f"{', '.join(lent_to)} until {m.name} needs them")
+    return reasons
+
+
+def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill,
+                   remaining: dict[str, dict[str, int]]) -> None:
+    """The guaranteed level: each model up to its nominal quota, booked to its highest classes."""
+    for m in models:
+        quota = m.nominal_gpus // m.gpus_per_replica
+        for cls in spec.classes:
+            while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
+                fill.give(m, cls)
+                remaining[m.name][cls] -= 1
+                quota -= 1
+
+
+def _serve_levels(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
+                  previous: Mapping[str, int]) -> dict[str, list[str]]:
+    """Every level in order; per model, the levels it was not fully served at."""
+    unmet: dict[str, list[str]] = {m.name: [] for m in models}
+    for tier, cls in level_order(spec, models):
+        claims = [(m, remaining[m.name].get(cls, 0), cls) for m in models if m.tier == tier]
+        before = {m.name: fill.replicas[m.name] for m, _, _ in claims}
+        _fill_level(fill, claims, previous)
+        for m, n, _ in claims:
+            if fill.replicas[m.name] - before[m.name] < n:
+                unmet[m.name].append(_level_name(tier, cls))
+    return unmet
+
+
+@dataclass(frozen=True)
+class _Pool:
+    slots: dict[int, int]  # per shape, kept
+    held: dict[int, int]  # per shape, wanted (after the hold window)
+    recent: dict[int, tuple[tuple[float, int], ...]]
+    shares: dict[str, int]  # per model, its part of its shape's pool
+
+
+def _pool(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, state: FleetState, now: float) -> _Pool:
+    """Pooled warm capacity within what the budget leaves after the replicas, smallest shape first."""
+    held, recent = _stabilize_warm(spec, state, _pool_need(models, spec.warm_correlation_ratio), now)
+    slots = {}
+    for g in sorted(held):
+        slots[g] = held[g] if fill.free_gpus == math.inf else min(held[g], int(fill.free_gpus // g))
+        fill.free_gpus -= slots[g] * g
+    shares: dict[str, int] = {}
+    for g, n in slots.items():
+        shares.update(_apportion(n, {m.name: m.warm_slots for m in models if m.gpus_per_replica == g}))
+    return _Pool(slots, held, recent, shares)
+
+
+def _shed(m: ModelDemand, by_class: Mapping[str, int]) -> dict[str, float]:
+    """The model's own shed levels, raised for sheddable classes by the fraction the budget leaves uncovered."""
+    shed = dict(m.shed)
+    for cls in m.sheddable:
+        want = m.demand_replicas.get(cls, 0)
+        if want > 0 and by_class.get(cls, 0) < want:
+            shed[cls] = max(shed.get(cls, 0.0), round(1.0 - by_class.get(cls, 0) / want, 3))
+    return shed
+
+
+def _lending(models: list[ModelDemand], fill: _Fill) -> tuple[dict[str, float], dict[str, str]]:
+    """GPUs each model holds beyond its nominal quota, and for each model under its quota what it lends."""
+    held = {m.name: fill.replicas[m.name] * m.gpus_per_replica for m in models}
+    borrowed = {m.name: float(max(0, held[m.name] - m.nominal_gpus)) if m.nominal_gpus else 0.0 for m in models}
+    takers = ", ".join(n for n, b in borrowed.items() if b > 0)
+    lent = {m.name: f"{m.nominal_gpus - held[m.name]:g} GPUs of its nominal lent to {takers}" for m in models
+            if takers and m.nominal_gpus and held[m.name] < m.nominal_gpus}
+    return borrowed, lent
+
+
+def _pool_reasons(spec: FleetSpec, models: list[ModelDemand], pool: _Pool) -> list[str]:
+    reasons = []
+    for g in sorted(pool.slots):
+        if not pool.held[g]:
+            continue
+        risks = sorted(m.warm_slots for m in models if m.gpus_per_replica == g and m.warm_slots)
+        capped = "; capped by the budget" if pool.slots[g] < pool.held[g] else ""
+        reasons.append(f"warm pool {g}-GPU: {pool.slots[g]} slots pooled for risks {risks} (alone {sum(risks)}; "
+                       f"held for {spec.warm_stabilization_s:.0f} s{capped})")
+    return reasons
+
+
+def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float
+             ) -> tuple[FleetDecision, FleetState]:
+    """One tick of the fleet decision (module docstring). `now`: the tick's time, for the warm pool's
+    stabilization window only. Model names must be unique."""
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be unique, got {names}")
+    fill = _Fill(
+        free_gpus=math.inf if budgets.fleet_gpus is None else max(0, budgets.fleet_gpus),
+        ns_free={ns: float(max(0, cap)) for ns, cap in budgets.namespace_gpus.items()},
+        replicas={m.name: 0 for m in models},
+        by_class={m.name: {} for m in models},
+    )
+    remaining = {m.name: dict(m.demand_replicas) for m in models}
+    _serve_nominal(spec, models, fill, remaining)
+    unmet = _serve_levels(spec, models, fill, remaining, state.replicas)
+    replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
+    pool = _pool(spec, models, fill, state, now)
+    borrowed, lent = _lending(models, fill)
+    out = {}
+    for m in models:
+        shed = _shed(m, fill.by_class[m.name])
+        lent_to = [lent[m.name]] if m.name in lent else []
+        reasons = _model_reasons(m, fill, budgets, unmet[m.name], shed, borrowed[m.name], lent_to)
+        warm = pool.shares.get(m.name, 0)
+        if warm:
+            reasons.append(f"warm pool: {warm} of the {pool.slots[m.gpus_per_replica]} pooled "
+                           f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
+        out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=warm, shed=shed,
+                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
+    used = replica_gpus + sum(g * n for g, n in pool.slots.items())
+    decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
+                             reasons=tuple(_pool_reasons(spec, models, pool)))
+    return decision, FleetState(replicas=dict(fill.replicas), warm_recent=pool.recent)

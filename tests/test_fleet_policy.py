@@ -1,0 +1,294 @@
+"""The fleet decision (policies/fleet.py): properties over random fleets (hypothesis), timelines for its
+hysteresis, examples for its reasons and its pooled warm capacity."""
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import Decision
+from policies.fleet import (
+    Budgets, FleetSpec, FleetState, ModelDemand, allocate, class_demand, level_order,
+)
+
+SPEC = FleetSpec()
+CLASSES = SPEC.classes
+
+
+def demand(**per_class: int) -> dict[str, int]:
+    return {c: per_class.get(c, 0) for c in CLASSES}
+
+
+@st.composite
+def fleets(draw, *, shapes=(1, 2, 4, 8), max_models=5):
+    n = draw(st.integers(1, max_models))
+    namespaces = ("team-a", "team-b", "")
+    models = []
+    for i in range(n):
+        models.append(ModelDemand(
+            name=f"m{i}",
+            demand_replicas={c: draw(st.integers(0, 12)) for c in CLASSES},
+            gpus_per_replica=draw(st.sampled_from(shapes)),
+            tier=draw(st.integers(0, 2)),
+            weight=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+            namespace=draw(st.sampled_from(namespaces)),
+            warm_slots=draw(st.integers(0, 6)),
+            nominal_gpus=draw(st.sampled_from([0, 0, 4, 16])),
+            borrowing_limit_gpus=draw(st.sampled_from([None, None, 0, 8])),
+        ))
+    return models
+
+
+@st.composite
+def budgets(draw):
+    fleet = draw(st.one_of(st.none(), st.integers(0, 200)))
+    caps = draw(st.dictionaries(st.sampled_from(["team-a", "team-b"]), st.integers(0, 80), max_size=2))
+    return Budgets(fleet_gpus=fleet, namespace_gpus=caps)
+
+
+def gpus(models, decision, *, namespace=None) -> int:
+    return sum(decision.models[m.name].replicas * m.gpus_per_replica for m in models
+               if namespace is None or m.namespace == namespace)
+
+
+def level_gpus(models, decision, tier, cls) -> dict[str, int]:
+    return {m.name: decision.models[m.name].replicas_by_class.get(cls, 0) * m.gpus_per_replica
+            for m in models if m.tier == tier}
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), budgets())
+def test_never_above_any_budget(models, caps):
+    decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    if caps.fleet_gpus is not None:
+        assert decision.gpus_used <= caps.fleet_gpus
+        assert gpus(models, decision) + sum(g * s for g, s in decision.warm_by_shape.items()) <= caps.fleet_gpus
+    for ns, cap in caps.namespace_gpus.items():
+        assert gpus(models, decision, namespace=ns) <= cap
+    for m in models:
+        a = decision.models[m.name]
+        assert a.replicas <= m.replicas_wanted
+        assert a.replicas * m.gpus_per_replica <= m.max_gpus
+        assert all(a.replicas_by_class.get(c, 0) <= m.demand_replicas[c] for c in CLASSES)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), budgets(), st.integers(1, 9))
+def test_a_level_never_takes_gpus_a_higher_level_needs(models, caps, cut):
+    """Removing the demand of every level from `cut` on changes nothing above it. (Nominal quotas are
+    left out: they form a level of their own, served before every tier.)"""
+    models = [replace(m, nominal_gpus=0) for m in models]
+    levels = level_order(SPEC, models)
+    cut = min(cut, len(levels))
+    lower = set(levels[cut:])
+    trimmed = [replace(m, demand_replicas={c: (0 if (m.tier, c) in lower else n)
+                                           for c, n in m.demand_replicas.items()}) for m in models]
+    full, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    alone, _ = allocate(SPEC, trimmed, caps, FleetState(), 0.0)
+    for tier, cls in levels[:cut]:
+        assert level_gpus(models, full, tier, cls) == level_gpus(trimmed, alone, tier, cls)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 30), st.sampled_from([1, 2, 4]), st.integers(0, 150),
+       st.sampled_from(CLASSES), st.integers(0, 2), st.lists(st.integers(0, 30), min_size=5, max_size=5))
+def test_equal_weights_at_equal_demand_get_equal_shares(n, want, shape, cap, cls, tier, held):
+    """Whatever each held last tick (the hysteresis credit does not stretch the one-replica band)."""
+    models = [ModelDemand(f"m{i}", demand(**{cls: want}), gpus_per_replica=shape, tier=tier) for i in range(n)]
+    previous = FleetState(replicas={m.name: h for m, h in zip(models, held)})
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap), previous, 0.0)
+    got = [decision.models[m.name].replicas for m in models]
+    assert max(got) - min(got) <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(shapes=(2,)), st.integers(0, 150), st.integers(1, 40),
+       st.dictionaries(st.sampled_from(["team-a", "team-b"]), st.integers(0, 80), max_size=2))
+def test_more_gpus_never_lower_anyones_allocation(models, cap, more, ns_caps):
+    """With one replica shape (module docstring: with mixed shapes whole replicas and work conservation
+    exclude monotonicity)."""
+    previous = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models})
+    small, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap, namespace_gpus=ns_caps), previous, 0.0)
+    large, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap + more, namespace_gpus=ns_caps), previous, 0.0)
+    for m in models:
+        assert large.models[m.name].replicas >= small.models[m.name].replicas
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), budgets())
+def test_work_conserving(models, caps):
+    """No model with unmet demand has a replica that fits what the fleet, its namespace and its borrowing
+    limit leave."""
+    decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    replicas_gpus = gpus(models, decision)
+    fleet_left = math.inf if caps.fleet_gpus is None else caps.fleet_gpus - replicas_gpus
+    for m in models:
+        if decision.models[m.name].replicas < m.replicas_wanted:
+            ns_left = caps.namespace_gpus.get(m.namespace, math.inf) - gpus(models, decision, namespace=m.namespace)
+            own_left = m.max_gpus - decision.models[m.name].replicas * m.gpus_per_replica
+            assert m.gpus_per_replica > min(fleet_left, ns_left, own_left)
+
+
+def test_mixed_shapes_trade_monotonicity_for_work_conservation():
+    """5 GPUs: after three 1-GPU replicas the 4-GPU one does not fit, and the 1-GPU model takes the rest;
+    7 GPUs let the 4-GPU replica in at its turn and the 1-GPU model gets less: the documented trade-off."""
+    models = [ModelDemand("a", demand(critical=1), gpus_per_replica=4), ModelDemand("b", demand(critical=8))]
+    five, _ = allocate(SPEC, models, Budgets(fleet_gpus=5), FleetState(), 0.0)
+    seven, _ = allocate(SPEC, models, Budgets(fleet_gpus=7), FleetState(), 0.0)
+    assert (five.models["a"].replicas, five.models["b"].replicas) == (0, 5)
+    assert (seven.models["a"].replicas, seven.models["b"].replicas) == (1, 3)
+
+
+def test_weighted_share():
+    """Weight 3 against 1 at the same level: 16 GPUs split 12 / 4."""
+    models = [ModelDemand("heavy", demand(standard=20), weight=3.0), ModelDemand("light", demand(standard=20))]
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=16), FleetState(), 0.0)
+    assert (decision.models["heavy"].replicas, decision.models["light"].replicas) == (12, 4)
+
+
+def test_levels_in_order_and_configurable():
+    models = [ModelDemand("top", demand(critical=2, standard=4, sheddable=4), tier=0),
+              ModelDemand("low", demand(critical=3, standard=3), tier=1)]
+    tier_major, _ = allocate(SPEC, models, Budgets(fleet_gpus=10), FleetState(), 0.0)
+    assert tier_major.models["top"].replicas == 10 and tier_major.models["low"].replicas == 0
+    class_major = FleetSpec(levels=tuple((t, c) for c in CLASSES for t in (0, 1)))
+    decision, _ = allocate(class_major, models, Budgets(fleet_gpus=10), FleetState(), 0.0)
+    # every critical first (5 replicas), then tier 0 standard (4), then tier 1 standard (the last one)
+    assert decision.models["low"].replicas_by_class == {"critical": 3, "standard": 1}
+    assert decision.models["top"].replicas_by_class == {"critical": 2, "standard": 4}
+
+
+def test_timeline_ties_stay_with_the_incumbent():
+    """Two equal models, 15 GPUs for 20 wanted: the odd replica stays where it was, tick after tick. Without
+    the incumbent's credit the tie would go to "a" by name and the replica would move from "b" to "a"."""
+    models = [ModelDemand("a", demand(standard=10)), ModelDemand("b", demand(standard=10))]
+    state = FleetState(replicas={"a": 7, "b": 8})
+    for tick in range(6):
+        decision, state = allocate(SPEC, models, Budgets(fleet_gpus=15), state, tick * 15.0)
+        assert (decision.models["a"].replicas, decision.models["b"].replicas) == (7, 8)
+
+
+def test_timeline_warm_pool_shrinks_only_after_the_window():
+    models = [ModelDemand("a", demand(critical=2), warm_slots=4), ModelDemand("b", demand(critical=2), warm_slots=4)]
+    quiet = [replace(m, warm_slots=0) for m in models]
+    state, held = FleetState(), FleetSpec(warm_stabilization_s=600.0)
+    sizes = []
+    for tick in range(60):
+        decision, state = allocate(held, models if tick == 0 else quiet, Budgets(), state, tick * 15.0)
+        sizes.append(decision.warm_by_shape.get(1, 0))
+    assert sizes[0] == 6  # ceil(sqrt(16 + 16)) = 6, not 8
+    assert set(sizes[: 600 // 15]) == {6} and sizes[600 // 15] == 0
+
+
+def test_pooled_warm_capacity_is_below_the_sum_and_within_the_budget():
+    models = [ModelDemand(f"m{i}", demand(critical=1), warm_slots=4) for i in range(4)]
+    free, _ = allocate(SPEC, models, Budgets(), FleetState(), 0.0)
+    assert free.warm_by_shape == {1: 8}  # sqrt(4 x 16): 8 slots, not 16
+    assert sum(a.warm_slots for a in free.models.values()) == 8
+    correlated, _ = allocate(FleetSpec(warm_correlation_ratio=1.0), models, Budgets(), FleetState(), 0.0)
+    assert correlated.warm_by_shape == {1: 16}
+    tight, _ = allocate(SPEC, models, Budgets(fleet_gpus=7), FleetState(), 0.0)
+    assert tight.warm_by_shape == {1: 3} and tight.gpus_used == 7
+    assert "capped by the budget" in tight.reasons[0]
+
+
+def test_reasons_name_the_budget_the_levels_and_the_shedding():
+    models = [ModelDemand("model-a", demand(critical=4, standard=4), tier=0),
+              ModelDemand("model-b", demand(critical=2, standard=2, sheddable=4), tier=1)]
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=10), FleetState(), 0.0)
+    b = decision.models["model-b"]
+    assert b.replicas == 2 and b.shed == {"sheddable": 1.0}
+    assert b.reasons[0].startswith("capped by fleet budget (10 GPUs): 2 of 8 replicas")
+    assert "tier 1 standard, tier 1 sheddable not fully served" in b.reasons[0]
+    assert "shedding 100% of sheddable" in b.reasons[1]
+    assert "standard under-served and never shed" in b.reasons[2]
+    assert decision.models["model-a"].reasons == ()
+
+
+def test_a_namespace_cap_holds_its_models_and_the_others_take_the_rest():
+    models = [ModelDemand("b1", demand(critical=4), namespace="team-b"),
+              ModelDemand("b2", demand(critical=4), namespace="team-b"),
+              ModelDemand("a", demand(sheddable=10), tier=2, namespace="team-a")]
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=12, namespace_gpus={"team-b": 4}), FleetState(), 0.0)
+    assert [decision.models[n].replicas for n in ("b1", "b2", "a")] == [2, 2, 8]
+    assert decision.models["b1"].reasons[0].startswith("capped by namespace 'team-b' budget (4 GPUs): 2 of 4")
+
+
+def test_nominal_quota_is_guaranteed_and_lent_while_unused():
+    """Kueue-style: model-a's 8 nominal GPUs come before tier order; while it needs only 2, model-b borrows."""
+    a = ModelDemand("model-a", demand(critical=2), tier=1, nominal_gpus=8)
+    b = ModelDemand("model-b", demand(critical=12), tier=0, nominal_gpus=2)
+    decision, _ = allocate(SPEC, [a, b], Budgets(fleet_gpus=10), FleetState(), 0.0)
+    assert decision.models["model-b"].replicas == 8
+    assert "6 GPUs of its nominal lent to model-b until model-a needs them" in decision.models["model-a"].reasons
+    assert any("6 GPUs beyond its nominal 2 borrowed" in r for r in decision.models["model-b"].reasons)
+    reclaimed, _ = allocate(SPEC, [replace(a, demand_replicas=demand(critical=8)), b], Budgets(fleet_gpus=10),
+                            FleetState(), 15.0)
+    assert (reclaimed.models["model-a"].replicas, reclaimed.models["model-b"].replicas) == (8, 2)
+
+
+def test_borrowing_stops_at_the_borrowing_limit_and_the_rest_goes_to_others():
+    """Kueue's borrowingLimit: model-b (nominal 4, may borrow 2) stops at 6 GPUs although the fleet has more;
+    the lower tier takes the rest (work conserving within each model's limits)."""
+    b = ModelDemand("model-b", demand(critical=12), tier=0, nominal_gpus=4, borrowing_limit_gpus=2)
+    c = ModelDemand("model-c", demand(sheddable=12), tier=1)
+    decision, _ = allocate(SPEC, [b, c], Budgets(fleet_gpus=10), FleetState(), 0.0)
+    assert (decision.models["model-b"].replicas, decision.models["model-c"].replicas) == (6, 4)
+    assert decision.models["model-b"].reasons[0].startswith(
+        "capped by its nominal 4 + borrowing limit 2 (6 GPUs): 6 of 12 replicas")
+
+
+def test_class_demand_splits_the_decision_by_arrival_shares():
+    d = Decision(replicas=10)
+    rates = {"critical": 2.0, "standard": 5.0, "sheddable": 3.0}
+    assert class_demand(d, rates) == {"critical": 2, "standard": 5, "sheddable": 3}
+    assert class_demand(Decision(replicas=3), rates) == {"critical": 1, "standard": 2, "sheddable": 0}
+    assert class_demand(d, {}) == {"critical": 10, "standard": 0, "sheddable": 0}
+    assert sum(class_demand(Decision(replicas=7), {"critical": 1.0, "sheddable": 2.0}).values()) == 7
+
+
+def test_class_demand_ignores_broken_rates():
+    rates = {"critical": math.nan, "standard": math.inf, "sheddable": -3.0}
+    assert class_demand(Decision(replicas=4), rates) == {"critical": 4, "standard": 0, "sheddable": 0}
+    assert class_demand(Decision(replicas=4), {"critical": math.inf, "standard": 1.0}) == {
+        "critical": 0, "standard": 4, "sheddable": 0}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"demand_replicas": {"critical": -1}}, "whole numbers >= 0"),
+    ({"demand_replicas": {"critical": 1.5}}, "whole numbers >= 0"),
+    ({"gpus_per_replica": 0}, "gpus_per_replica = 0"),
+    ({"weight": 0.0}, "weight = 0.0"),
+    ({"weight": math.nan}, "weight = nan"),
+    ({"nominal_gpus": -2}, "must be >= 0"),
+    ({"borrowing_limit_gpus": -1}, "must be >= 0"),
+])
+def test_bad_model_input_is_a_clear_error(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ModelDemand(**{"name": "m", "demand_replicas": {"critical": 1}, **fields})
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), budgets(), st.dictionaries(st.sampled_from(CLASSES), st.floats(0, 1), max_size=3))
+def test_shed_only_sheddable_classes_and_never_below_the_models_own(models, caps, own):
+    models = [replace(m, shed=own) for m in models]
+    decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    for m in models:
+        shed = decision.models[m.name].shed
+        assert set(shed) <= set(own) | set(m.sheddable)
+        assert all(0.0 <= v <= 1.0 for v in shed.values())
+        assert all(shed[c] >= v for c, v in own.items())
+        for c in set(shed) - set(own):
+            assert shed[c] > 0 and decision.models[m.name].replicas_by_class.get(c, 0) < m.demand_replicas[c]
+
+
+def test_duplicate_names_are_refused():
+    m = ModelDemand("a", demand(critical=1))
+    try:
+        allocate(SPEC, [m, m], Budgets(), FleetState(), 0.0)
+    except ValueError as exc:
+        assert "unique" in str(exc)
+    else:
+        raise AssertionError("duplicate names accepted")
