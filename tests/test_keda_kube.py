@@ -155,10 +155,10 @@ class Watch:
         self.thread.join(2)
 
 
-def shipped_scaled_object(namespace: str, name: str, address: str) -> dict:
-    """deploy/keda as rendered, pointed at this namespace's Deployment and scaler."""
-    [doc] = render("keda")
-    doc = copy.deepcopy(doc)
+def shipped_scaled_object(namespace: str, name: str, address: str, rendered: dict | None = None) -> dict:
+    """deploy/keda as rendered (or `rendered`, from an overlay), pointed at this namespace's Deployment and
+    scaler."""
+    doc = copy.deepcopy(rendered or render("keda")[0])
     doc["metadata"].update(name=name, namespace=namespace)
     doc["spec"]["scaleTargetRef"]["name"] = name
     doc["spec"]["triggers"][0]["metadata"]["scalerAddress"] = address
@@ -195,10 +195,7 @@ def keda_tls(cluster, namespace: str, address: str, folder: Path) -> tuple[Scale
     cluster.apply(secret(namespace, volume["secret"]["secretName"], server_files))
     cluster.apply(secret(namespace, client_secret, {"tls.crt": client.cert, "tls.key": client.key, "ca.crt": ca.cert}))
     cluster.apply(auth)
-    scaled = find(docs, "ScaledObject")
-    scaled["spec"]["triggers"][0]["metadata"]["scalerAddress"] = address
-    scaled["spec"]["maxReplicaCount"] = 64
-    return ScalerTLS(**env), scaled
+    return ScalerTLS(**env), shipped_scaled_object(namespace, "llama", address, find(docs, "ScaledObject"))
 
 
 @pytest.fixture()
