@@ -9,12 +9,13 @@ The policy section alone is what `autoscaler replay --policy FILE` reads (`load_
 
 from __future__ import annotations
 
+import ssl
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from autoscaler.errors import ConfigError
@@ -109,7 +110,53 @@ class Admission(_Strict):
     )
 
 
+class ScalerTLS(_Strict):
+    """TLS of the KEDA gRPC scaler: PEM files mounted from a Secret (cert-manager's layout: tls.crt, tls.key,
+    ca.crt). Checked at start: each file readable, the key matching the certificate, the CA parseable."""
+
+    cert_file: str = Field(min_length=1, description="The server's certificate (chain), PEM.")
+    key_file: str = Field(min_length=1, description="The server certificate's private key, PEM.")
+    client_ca_file: str | None = Field(
+        None, min_length=1, description="Mutual TLS: a client must present a certificate signed by this CA "
+        "(KEDA's tlsClientCert); None: any client may connect over TLS."
+    )
+
+    @field_validator("cert_file", "key_file", "client_ca_file")
+    @classmethod
+    def _readable(cls, path: str | None) -> str | None:
+        if path is not None:
+            try:
+                Path(path).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        return path
+
+    @model_validator(mode="after")
+    def _usable(self) -> "ScalerTLS":
+        problem = tls_files_problem(self.cert_file, self.key_file, self.client_ca_file)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+def tls_files_problem(cert_file: str, key_file: str, client_ca_file: str | None) -> str | None:
+    """Why these files cannot serve TLS (not PEM, the key not the certificate's), or None when they can."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (ssl.SSLError, OSError) as exc:
+        return (f"cert_file {cert_file} and key_file {key_file} are not a PEM certificate and its private key "
+                f"({getattr(exc, 'reason', None) or exc})")
+    if client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=client_ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            return f"client_ca_file {client_ca_file} holds no PEM certificate ({getattr(exc, 'reason', None) or exc})"
+    return None
+
+
 class Keda(_Strict):
+    tls: ScalerTLS | None = Field(None, description="Serve gRPC over TLS (and mTLS); None: plaintext.")
     port: int = Field(9090, ge=1, le=65535)
     metric_name: str = "desired-replicas"
 

@@ -225,10 +225,13 @@ async def start_servers(settings: Settings, *, host: str, controller: Controller
         parts.runners.append(await _serve(admission.app(), host, settings.admission.port))
     if settings.mode == Mode.keda:
         from autoscaler.external_scaler.server import start
+        from autoscaler.external_scaler.tls import server_credentials
 
+        tls = settings.keda.tls
         parts.grpc_server = await start(board, host=host, port=settings.keda.port,
                                         namespace=settings.target.namespace, scaled_object=settings.target.name,
-                                        metric_name=settings.keda.metric_name)
+                                        metric_name=settings.keda.metric_name,
+                                        credentials=server_credentials(tls) if tls is not None else None)
 
 
 async def stop_servers(parts: Parts) -> None:

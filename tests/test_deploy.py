@@ -19,6 +19,7 @@ from autoscaler.kube.warmpool import PlaceholderPool
 
 from loadtest.kube.controlplane import ROOT, model_deployment
 from helpers import render
+from overlays import find, render_overlay
 
 NS, MODEL, SA = "llm", "llama-3-8b", "inference-autoscaler"
 PATHS = {
@@ -185,15 +186,6 @@ def test_keda_scaled_object_targets_the_scaler_service():
 
 
 STS_NS, STS_MODEL = "llm-sts", "llama-sts"
-STS_OVERLAY = """apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: {ns}
-resources: [{deploy}/base]
-components: [{deploy}/components/model-name, {deploy}/components/statefulset]
-configMapGenerator:
-  - {{name: model, behavior: replace, literals: [name={model}]}}
-generatorOptions: {{disableNameSuffixHash: true}}
-"""
 
 
 def model_statefulset(namespace: str, name: str, replicas: int) -> dict:
@@ -206,15 +198,13 @@ def model_statefulset(namespace: str, name: str, replicas: int) -> dict:
 @pytest.fixture(scope="module")
 def statefulset_installed(cluster, tmp_path_factory):
     """A user's overlay for a model served by a StatefulSet: base + model-name + statefulset components."""
-    overlay = tmp_path_factory.mktemp("overlay")
-    deploy = os.path.relpath(ROOT / "deploy", overlay)  # kustomize takes relative paths only
-    (overlay / "kustomization.yaml").write_text(STS_OVERLAY.format(ns=STS_NS, deploy=deploy, model=STS_MODEL))
     assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": STS_NS}})[0] in (201, 409)
     for name in (STS_MODEL, "other"):
         status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{STS_NS}/statefulsets",
                                        model_statefulset(STS_NS, name, 1))
         assert status == 201, body.get("message")
-    docs = render(overlay)
+    docs = render_overlay(tmp_path_factory.mktemp("overlay"), namespace=STS_NS, model=STS_MODEL,
+                          components=("model-name", "statefulset"))
     for doc in docs:
         path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", STS_NS))
         status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
@@ -294,15 +284,59 @@ def test_model_server_example_drains_and_is_accepted(cluster):
 
 
 def test_idle_slots_component_grants_listing_pods_everywhere_and_turns_the_reading_on(tmp_path):
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    deploy = os.path.relpath(ROOT / "deploy", overlay)
-    text = STS_OVERLAY.format(ns="llm", deploy=deploy, model="llama")
-    text = text.replace(f"components: [{deploy}/components/model-name, {deploy}/components/statefulset]",
-                        f"components: [{deploy}/components/idle-slots, {deploy}/components/model-name]")
-    (overlay / "kustomization.yaml").write_text(text)
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(overlay)}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render_overlay(
+        tmp_path, namespace="llm", model="llama", components=("idle-slots", "model-name"))}
     rules = docs[("ClusterRole", "llama-autoscaler-nodes")]["rules"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
     env = docs[("Deployment", "inference-autoscaler")]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "AUTOSCALER_CAPACITY__READ_NODES", "value": "true"} in env
+
+
+def test_network_policy_component_admits_keda_the_gateway_and_monitoring_only_and_is_accepted(cluster, installed,
+                                                                                            tmp_path):
+    docs = render_overlay(tmp_path, namespace=NS, model=MODEL, components=("model-name", "network-policy"))
+    policy = find(docs, "NetworkPolicy")
+    status, body = cluster.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
+                                   "?fieldValidation=Strict", policy)
+    assert status == 201, body.get("message")
+    controller = find(docs, "Deployment", "inference-autoscaler")
+    pod = controller["spec"]["template"]
+    # it selects the controller's pods, and each port it opens is one of their container ports (by name)
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    sources = {}
+    for rule in body["spec"]["ingress"]:
+        [port] = rule["ports"]
+        assert port["port"] in ports
+        [peer] = rule["from"]  # one peer: namespace AND pods when both are given
+        sources[port["port"]] = (peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+                                 peer.get("podSelector", {}).get("matchLabels"))
+    assert sources == {
+        "grpc": ("keda", {"app.kubernetes.io/name": "keda-operator"}),
+        "admission": ("gateway", {"app.kubernetes.io/name": "gateway"}),
+        "http": ("monitoring", None),
+    }
+    # the probes' port is the metrics port: the kubelet reaches it from the node, which a policy never blocks
+    assert {pod["spec"]["containers"][0][p]["httpGet"]["port"] for p in ("readinessProbe", "livenessProbe")} == {"http"}
+
+
+def test_keda_tls_component_mounts_the_secret_and_sets_the_tls_config_and_the_trigger_authentication(tmp_path):
+    from autoscaler.config import ScalerTLS
+
+    docs = render_overlay(tmp_path, namespace=NS, model=MODEL, resources=("base", "keda"), components=("model-name", "keda-tls"))
+    spec = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]
+    [volume] = [v for v in spec["volumes"] if "secret" in v]
+    [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    tls = {k.removeprefix("AUTOSCALER_KEDA__TLS__").lower(): v for k, v in env.items()
+           if k.startswith("AUTOSCALER_KEDA__TLS__")}
+    assert set(tls) == set(ScalerTLS.model_fields)  # every field set, each one a field of the config
+    assert {os.path.dirname(v) for v in tls.values()} == {mount["mountPath"]}
+    assert {os.path.basename(v) for v in tls.values()} == {"tls.crt", "tls.key", "ca.crt"}  # cert-manager's keys
+    auth = find(docs, "TriggerAuthentication")
+    [trigger] = find(docs, "ScaledObject")["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == {"caCert", "tlsClientCert", "tlsClientKey"}
+    assert auth["metadata"]["namespace"] == NS  # KEDA reads its Secret in the ScaledObject's namespace

@@ -1,17 +1,23 @@
 """KEDA mode end to end: KEDA's own operator and metrics adapter (built from its Go module) on the test control
 plane, the shipped ScaledObject (deploy/keda, rendered with kustomize), the HPA that KEDA creates, and our gRPC
-external scaler serving the controller's decisions. The Deployment's replicas must equal each decision."""
+external scaler serving the controller's decisions. The Deployment's replicas must equal each decision. With
+the keda-tls component, KEDA reaches the scaler over mutual TLS with the Secrets the component names."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from autoscaler.board import DecisionBoard, Published
+from autoscaler.config import ScalerTLS
 from autoscaler.external_scaler.server import start as start_scaler
+from autoscaler.external_scaler.tls import server_credentials
+from loadtest.certs import authority, issue
 from loadtest.kube.controlplane import control_plane, gpu_node, model_deployment
 from loadtest.kube.keda import keda
 from loadtest.realservers import free_port
@@ -19,6 +25,7 @@ from policies import Decision
 
 from helpers import render
 from loopthread import LoopThread
+from overlays import find, render_overlay
 
 HPA_SYNC_S = 2.0
 METRIC = "desired-replicas"
@@ -44,6 +51,7 @@ class Scaler:
 
     def __init__(self, loop: LoopThread, namespace: str, name: str) -> None:
         self.loop, self.namespace, self.name = loop, namespace, name
+        self.tls: ScalerTLS | None = None  # plaintext unless set before start()
         self.board = DecisionBoard()
         self.port = free_port()
         self.server = None
@@ -55,7 +63,10 @@ class Scaler:
     def start(self) -> None:
         self.server = self.loop.run(start_scaler(self.board, host="127.0.0.1", port=self.port,
                                                  namespace=self.namespace, scaled_object=self.name,
-                                                 metric_name=METRIC))
+                                                 metric_name=METRIC, credentials=self.credentials()))
+
+    def credentials(self):
+        return server_credentials(self.tls) if self.tls is not None else None
 
     def stop(self) -> None:
         if self.server is not None:
@@ -144,10 +155,10 @@ class Watch:
         self.thread.join(2)
 
 
-def shipped_scaled_object(namespace: str, name: str, address: str) -> dict:
-    """deploy/keda as rendered, pointed at this namespace's Deployment and scaler."""
-    [doc] = render("keda")
-    doc = copy.deepcopy(doc)
+def shipped_scaled_object(namespace: str, name: str, address: str, rendered: dict | None = None) -> dict:
+    """deploy/keda as rendered (or `rendered`, from an overlay), pointed at this namespace's Deployment and
+    scaler."""
+    doc = copy.deepcopy(rendered or render("keda")[0])
     doc["metadata"].update(name=name, namespace=namespace)
     doc["spec"]["scaleTargetRef"]["name"] = name
     doc["spec"]["triggers"][0]["metadata"]["scalerAddress"] = address
@@ -155,22 +166,57 @@ def shipped_scaled_object(namespace: str, name: str, address: str) -> dict:
     return doc
 
 
+def secret(namespace: str, name: str, files: dict[str, Path]) -> dict:
+    data = {key: base64.b64encode(path.read_bytes()).decode() for key, path in files.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": data}
+
+
+def keda_tls(cluster, namespace: str, address: str, folder: Path) -> tuple[ScalerTLS, dict]:
+    """The keda-tls component as a user deploys it: one CA, a server certificate for the scaler's address and
+    a client certificate for KEDA, in the two Secrets it names. Returns the scaler's TLS settings (the
+    Deployment's environment, its paths read where the Secret is "mounted") and the ScaledObject."""
+    docs = render_overlay(folder / "overlay", namespace=namespace, model="llama", resources=("base", "keda"),
+                          components=("model-name", "keda-tls"))
+    ca = authority(folder / "ca", subject="/CN=scaler-ca")
+    server = issue(ca, folder / "server", subject="/CN=inference-autoscaler", names=["IP:127.0.0.1"])
+    client = issue(ca, folder / "client", subject="/CN=keda-operator", names=["DNS:keda-operator.keda.svc"])
+    pod = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if "secret" in v]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    mounted = folder / "mounted"  # what the kubelet would mount: the server's Secret, one file per key
+    mounted.mkdir()
+    server_files = {"tls.crt": server.cert, "tls.key": server.key, "ca.crt": ca.cert}
+    for key, path in server_files.items():
+        (mounted / key).write_bytes(path.read_bytes())
+    env = {e["name"].removeprefix("AUTOSCALER_KEDA__TLS__").lower(): e["value"].replace(mount["mountPath"], str(mounted))
+           for e in pod["containers"][0]["env"] if e["name"].startswith("AUTOSCALER_KEDA__TLS__")}
+    auth = find(docs, "TriggerAuthentication")
+    [client_secret] = {r["name"] for r in auth["spec"]["secretTargetRef"]}
+    cluster.apply(secret(namespace, volume["secret"]["secretName"], server_files))
+    cluster.apply(secret(namespace, client_secret, {"tls.crt": client.cert, "tls.key": client.key, "ca.crt": ca.cert}))
+    cluster.apply(auth)
+    return ScalerTLS(**env), shipped_scaled_object(namespace, "llama", address, find(docs, "ScaledObject"))
+
+
 @pytest.fixture()
-def model(cluster, loop, request):
-    """A namespace with a model Deployment at `first` replicas and its scaler, serving that decision."""
+def model(cluster, loop, tmp_path):
+    """A namespace with a model Deployment at `first` replicas and its scaler, serving that decision; over
+    mutual TLS with the keda-tls component when `tls`."""
     made = []
 
-    def make(first: int, edit=lambda doc: None):
+    def make(first: int, edit=lambda doc: None, *, tls: bool = False):
         ns = f"keda-{len(made)}-{int(time.time() * 1000) % 100000}"
         cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         cluster.apply(model_deployment(ns, "llama", first))
         scaler = Scaler(loop, ns, "llama")
+        doc = shipped_scaled_object(ns, "llama", scaler.address)
+        if tls:
+            scaler.tls, doc = keda_tls(cluster, ns, scaler.address, tmp_path / ns)
         scaler.publish(first)
         scaler.start()
         watch = Watch(cluster, ns, "llama")
         made.append((ns, scaler, watch))
         assert watch.wait(lambda s: s.get("ready") == first, 60) is not None
-        doc = shipped_scaled_object(ns, "llama", scaler.address)
         edit(doc)
         cluster.apply(doc)
         assert watch.wait(lambda s: (s.get("scaling_active") or "").startswith("True"), 60) is not None, \
@@ -264,3 +310,11 @@ def test_decision_zero_scales_to_zero_and_a_decision_wakes_it(model):
     scaler.publish(5)  # active again: KEDA wakes the Deployment, the HPA takes it to the decision
     assert watch.wait(lambda s: s.get("replicas") == 5, 30) is not None
     assert watch.wait(lambda s: s.get("ready") == 5, 30) is not None
+
+
+def test_keda_follows_decisions_over_mutual_tls_with_the_shipped_component(model):
+    """The scaler requires a client certificate from its CA: KEDA gets answers only through the component's
+    TriggerAuthentication (caCert, tlsClientCert, tlsClientKey from the client Secret)."""
+    scaler, watch = model(2, tls=True)
+    assert scaler.tls is not None and scaler.tls.client_ca_file is not None
+    assert step(scaler, watch, 5, timeout_s=30) is not None

@@ -90,12 +90,15 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
 
 
 async def start(board: DecisionBoard, *, host: str, port: int, namespace: str, scaled_object: str,
-                metric_name: str) -> grpc.aio.Server:
+                metric_name: str,
+                credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
+    """The scaler serving on host:port: over TLS with `credentials` (see `tls.server_credentials`), else plaintext."""
     server = grpc.aio.server()
     pb_grpc.add_ExternalScalerServicer_to_server(
         ExternalScaler(board, namespace=namespace, scaled_object=scaled_object, metric_name=metric_name), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind the KEDA gRPC server to {host}:{port}")
     await server.start()

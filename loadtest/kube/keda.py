@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.certs import authority, issue
 from loadtest.kube.controlplane import ControlPlane
 from loadtest.realservers import free_port, stop, wait_http
 
@@ -44,24 +45,11 @@ class Keda:
 def certificates(directory: Path) -> Path:
     """ca.crt, tls.crt and tls.key: one pair for serverAuth and clientAuth, valid for the in-cluster names
     and for loopback."""
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
     services = (OPERATOR_SERVICE, ADAPTER_SERVICE)
     names = [f"DNS:{s}.{NAMESPACE}.svc" for s in services] + [f"DNS:{s}.{NAMESPACE}.svc.cluster.local" for s in services]
     names += ["DNS:localhost", "IP:127.0.0.1"]
-    (directory / "ext.cnf").write_text(
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=" + ",".join(names) + "\n")
-    d = str(directory)
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/O=KEDAORG/CN=KEDA",
-            "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={OPERATOR_SERVICE}",
-            "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr")
-    openssl("x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
-            "-CAcreateserial", "-days", "2", "-extfile", f"{d}/ext.cnf", "-out", f"{d}/tls.crt")
+    ca = authority(directory, subject="/O=KEDAORG/CN=KEDA")
+    issue(ca, directory, subject=f"/CN={OPERATOR_SERVICE}", names=names)
     return directory
 
 
