@@ -40,6 +40,9 @@ class ControllerMetrics:
         self.actions = Counter("autoscaler_scaling_actions_total", "Scale writes", ["direction"], registry=r)
         self.admission = Counter("autoscaler_admission_requests_total", "Admission answers",
                                  ["priority", "result"], registry=r)
+        self.unknown_priority = Counter("autoscaler_admission_unknown_priority_total", "Admission requests whose "
+                                        "priority header named no class (answered as admission.unknown_priority)",
+                                        registry=r)
 
     def record(self, decision: Decision, *, current: int | None, ready: int | None,
                unschedulable: int | None = None, cluster: ClusterState | None = None) -> None:

@@ -212,8 +212,9 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
 
     return Admission(
         board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
-        default_class=settings.admission.default_priority, retry_after_s=settings.admission.retry_after_s,
-        live_queue=live_queue, on_result=on_result, clock=clock,
+        default_class=settings.admission.default_priority, unknown_class=settings.admission.unknown_priority,
+        retry_after_s=settings.admission.retry_after_s, live_queue=live_queue, on_result=on_result,
+        on_unknown=metrics.unknown_priority.inc, clock=clock,
     )
 
 
