@@ -24,7 +24,8 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
-Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
+Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
+counted by the board), and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
 """
 
@@ -91,7 +92,7 @@ class Admission:
         return reason
 
     def _rejection(self, cls: str) -> str | None:
-        latest = self.board.latest
+        latest = self.board.fresh("admission")
         if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
             return None
         depth = latest.decision.saturation_queue_depth.get(cls)

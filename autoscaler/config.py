@@ -143,6 +143,10 @@ class Settings(BaseSettings):
     model_server: str = Field("vllm", description=f"Metric preset: one of {sorted(PRESETS)}")
     tick_deadline_s: float | None = Field(None, gt=0, description="Default: 80 % of policy.tick_s.")
     http_port: int = Field(8080, ge=1, le=65535, description="Health, readiness and /metrics.")
+    stale_after_ticks: int = Field(
+        4, ge=2, le=1000, description="A decision older than this many policy.tick_s is stale: KEDA gets UNAVAILABLE, "
+        "the admission endpoint admits. At least 2: a healthy loop's latest decision is up to ~1.8 ticks old."
+    )
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
     scrape: ScrapeSource = Field(default_factory=ScrapeSource)
     policy: PolicySpec = Field(default_factory=PolicySpec)

@@ -109,7 +109,7 @@ class Controller:
             stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.name})
 
     def wait_ready(self) -> None:
-        wait_http(f"http://127.0.0.1:{self.http_port}/readyz", timeout_s=60, proc=self.proc)
+        wait_http(f"http://127.0.0.1:{self.http_port}/decided", timeout_s=60, proc=self.proc)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
