@@ -1,13 +1,13 @@
 """`autoscaler run`: wire the controller for one target and run it until SIGTERM.
 
-Servers: health (/healthz: the loop ticked within three periods; /readyz: the servers are up; /decided: a
-decision younger than `stale_after_ticks` is published) and the controller's own /metrics on `http_port`; the admission endpoint on `admission.port`; the KEDA
-gRPC scaler on `keda.port` in `keda` mode. With leader election on, only the Lease holder writes to the
-cluster (every replica decides and serves, so KEDA and gateways can ask any of them). Readiness is
-serving, not deciding: before its first decision a replica's admission endpoint admits and its KEDA scaler
-answers UNAVAILABLE, both right, so its Service must not drop it then (a rollout would otherwise leave the
-gateways no endpoint, and every request a 5xx or a wait). On SIGTERM the loop
-finishes its tick, the Lease is released and the servers stop. One clock serves every part.
+Servers: health (/healthz: the loop ticked within three periods; /readyz: the servers listen; /decided: a
+decision younger than `stale_after_ticks` ticks is published) and the controller's own /metrics on
+`http_port`; the admission endpoint on `admission.port`; the KEDA gRPC scaler on `keda.port` in `keda`
+mode. With leader election on, only the Lease holder writes to the cluster (every replica decides and
+serves, so KEDA and gateways can ask any of them). Readiness is serving, not deciding: before its first
+decision a replica's admission endpoint admits and its KEDA scaler answers UNAVAILABLE, both right, so its
+Service must not drop it then (a rollout would otherwise leave the gateways no admission endpoint). On
+SIGTERM the loop finishes its tick, the Lease is released and the servers stop. One clock serves every part.
 """
 
 from __future__ import annotations
