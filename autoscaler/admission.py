@@ -6,9 +6,12 @@ Two HTTP contracts on one server:
 - nginx `auth_request`: `/auth_request`; 2xx allows, 403 denies (nginx turns any other status into a 500),
   with Retry-After and X-Shed-Reason for an `error_page 403` that answers 429 (see deploy/ and the tests).
 
-Priority comes from a request header: an integer (Gateway API convention: below 0 is sheddable; it maps
-to the class with the largest priority not above it) or a class name. A missing header is the default
-class; an unknown name too. The highest class is always admitted. Shed fractions are applied exactly, by
+Priority comes from a request header the gateway sets from a trusted source (never the client's own; see
+deploy/gateway/): a class name in any case, or a 32-bit integer (Gateway API convention: below 0 is
+sheddable; it maps to the class with the largest priority not above it). A missing header is the default
+class; a value naming no class (a misspelt name, an integer beyond 32 bits) goes to the `unknown_class`
+(default: the default class) and is counted (`on_unknown`), so a gateway sending garbage shows in the
+metrics instead of passing silently as standard. The highest class is always admitted. Shed fractions are applied exactly, by
 error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
 not depend on chance. The saturation guard rejects a class while the queue is at least its depth; the
 queue comes from `live_queue` (in `autoscaler run`: the pods' queue and running gauges scraped every
@@ -21,7 +24,8 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
-Before the first decision, and whenever no decision is valid, everything is admitted: a controller that
+Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
+counted by the board), and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
 """
 
@@ -36,7 +40,7 @@ from autoscaler.board import DecisionBoard
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
-from policies.admission import carried_queue
+from policies.admission import carried_queue, classify
 
 # Admissions remembered since the latest queue reading, at most: a bound should the probe stop reading.
 MAX_TRACKED_ADMISSIONS = 100_000
@@ -44,37 +48,30 @@ MAX_TRACKED_ADMISSIONS = 100_000
 
 class Admission:
     def __init__(self, board: DecisionBoard, *, priorities: dict[str, int], header: str, default_class: str,
-                 retry_after_s: int, live_queue: Callable[[], QueueReading | float | None] | None = None,
-                 on_result: Callable[[str, str], None] | None = None, clock: Clock | None = None) -> None:
+                 retry_after_s: int, unknown_class: str | None = None,
+                 live_queue: Callable[[], QueueReading | float | None] | None = None,
+                 on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
+                 clock: Clock | None = None) -> None:
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
         self.header = header
         self.default = default_class
+        self.unknown = unknown_class or default_class
         self.retry_after = str(retry_after_s)
         self.live_queue = live_queue or (lambda: board.latest.queue_depth if board.latest else None)
         self.on_result = on_result or (lambda cls, result: None)
+        self.on_unknown = on_unknown or (lambda: None)
         self.clock = clock or SystemClock()
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
         self._admitted_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
-        self._by_value = sorted((v, name) for name, v in priorities.items())
 
     def classify(self, raw: str | None) -> str:
-        if raw is None or not raw.strip():
-            return self.default
-        raw = raw.strip()
-        if raw in self.priorities:
-            return raw
-        try:
-            value = int(raw)
-        except ValueError:
-            return self.default
-        chosen = self._by_value[0][1]
-        for v, name in self._by_value:
-            if v <= value:
-                chosen = name
-        return chosen
+        cls, known = classify(raw, self.priorities, default=self.default, unknown=self.unknown)
+        if not known:
+            self.on_unknown()
+        return cls
 
     def queue(self, decision: Decision) -> float | None:
         """The queue now: the latest reading carried forward with this endpoint's own admissions."""
@@ -95,7 +92,7 @@ class Admission:
         return reason
 
     def _rejection(self, cls: str) -> str | None:
-        latest = self.board.latest
+        latest = self.board.fresh("admission")
         if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
             return None
         depth = latest.decision.saturation_queue_depth.get(cls)

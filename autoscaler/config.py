@@ -103,6 +103,10 @@ class Admission(_Strict):
     port: int = Field(8081, ge=1, le=65535)
     priority_header: str = "x-request-priority"
     default_priority: str = "standard"
+    unknown_priority: str | None = Field(
+        None, description="The class of a priority header naming no class (counted in "
+        "autoscaler_admission_unknown_priority_total); None: default_priority."
+    )
     retry_after_s: int = Field(5, ge=1, le=3600)
     queue_probe_interval_s: float | None = Field(
         1.0, gt=0, le=60, description="Scrape the pods' queue gauge this often for the saturation guard "
@@ -186,6 +190,10 @@ class Settings(BaseSettings):
     model_server: str = Field("vllm", description=f"Metric preset: one of {sorted(PRESETS)}")
     tick_deadline_s: float | None = Field(None, gt=0, description="Default: 80 % of policy.tick_s.")
     http_port: int = Field(8080, ge=1, le=65535, description="Health, readiness and /metrics.")
+    stale_after_ticks: int = Field(
+        4, ge=2, le=1000, description="A decision older than this many policy.tick_s is stale: KEDA gets UNAVAILABLE, "
+        "the admission endpoint admits. At least 2: a healthy loop's latest decision is up to ~1.8 ticks old."
+    )
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
     scrape: ScrapeSource = Field(default_factory=ScrapeSource)
     policy: PolicySpec = Field(default_factory=PolicySpec)
@@ -203,11 +211,14 @@ class Settings(BaseSettings):
             raise ValueError("no signal source: set prometheus.url or enable scrape")
         if self.deadline_s > self.tick_s:
             raise ValueError(f"tick_deadline_s ({self.tick_deadline_s}) must not exceed policy.tick_s ({self.tick_s})")
-        if self.admission.default_priority not in self.policy.priorities:
-            raise ValueError(
-                f"admission.default_priority {self.admission.default_priority!r} is not one of "
-                f"{sorted(self.policy.priorities)}"
-            )
+        for key in ("default_priority", "unknown_priority"):
+            value = getattr(self.admission, key)
+            if value is not None and value not in self.policy.priorities:
+                raise ValueError(f"admission.{key} {value!r} is not one of {sorted(self.policy.priorities)}")
+        folded = sorted(name.casefold() for name in self.policy.priorities)
+        if len(set(folded)) < len(folded):
+            raise ValueError(f"policy.priorities {sorted(self.policy.priorities)}: names must differ in more than "
+                             "case (the admission endpoint matches them case-insensitively)")
         return self
 
     @property

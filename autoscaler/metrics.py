@@ -40,6 +40,14 @@ class ControllerMetrics:
         self.actions = Counter("autoscaler_scaling_actions_total", "Scale writes", ["direction"], registry=r)
         self.admission = Counter("autoscaler_admission_requests_total", "Admission answers",
                                  ["priority", "result"], registry=r)
+        self.unknown_priority = Counter("autoscaler_admission_unknown_priority_total", "Admission requests whose "
+                                        "priority header named no class (answered as admission.unknown_priority)",
+                                        registry=r)
+        self.decision_age = Gauge("autoscaler_decision_age_seconds", "Age of the latest decision (NaN before the "
+                                  "first); older than stale_after_ticks ticks it is not served", registry=r)
+        self.stale_answers = Counter("autoscaler_stale_decision_answers_total", "Answers while the latest decision "
+                                     "was stale: the admission endpoint admitted, KEDA got UNAVAILABLE", ["server"],
+                                     registry=r)
 
     def record(self, decision: Decision, *, current: int | None, ready: int | None,
                unschedulable: int | None = None, cluster: ClusterState | None = None) -> None:

@@ -1,10 +1,13 @@
 """`autoscaler run`: wire the controller for one target and run it until SIGTERM.
 
-Servers: health (/healthz: the loop ticked within three periods; /readyz: a decision has been published)
-and the controller's own /metrics on `http_port`; the admission endpoint on `admission.port`; the KEDA
-gRPC scaler on `keda.port` in `keda` mode. With leader election on, only the Lease holder writes to the
-cluster (every replica decides and serves, so KEDA and gateways can ask any of them). On SIGTERM the loop
-finishes its tick, the Lease is released and the servers stop. One clock serves every part.
+Servers: health (/healthz: the loop ticked within three periods; /readyz: the servers listen; /decided: a
+decision younger than `stale_after_ticks` ticks is published) and the controller's own /metrics on
+`http_port`; the admission endpoint on `admission.port`; the KEDA gRPC scaler on `keda.port` in `keda`
+mode. With leader election on, only the Lease holder writes to the cluster (every replica decides and
+serves, so KEDA and gateways can ask any of them). Readiness is serving, not deciding: before its first
+decision a replica's admission endpoint admits and its KEDA scaler answers UNAVAILABLE, both right, so its
+Service must not drop it then (a rollout would otherwise leave the gateways no admission endpoint). On
+SIGTERM the loop finishes its tick, the Lease is released and the servers stop. One clock serves every part.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 import aiohttp
 import structlog
@@ -60,7 +64,7 @@ def configure_logging() -> None:
 
 
 def health_app(controller: Controller, metrics: ControllerMetrics, board: DecisionBoard, clock: Clock,
-               started_s: float) -> web.Application:
+               started_s: float, *, serving: Callable[[], bool] = lambda: True) -> web.Application:
     limit = HEALTHY_TICK_PERIODS * controller.settings.tick_s
 
     async def healthz(request: web.Request) -> web.Response:
@@ -72,16 +76,34 @@ def health_app(controller: Controller, metrics: ControllerMetrics, board: Decisi
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
+        if not serving():
+            return web.Response(status=503, text="starting the servers\n")
+        return web.Response(text="ok\n")
+
+    async def decided(request: web.Request) -> web.Response:
         if board.latest is None:
             return web.Response(status=503, text="no decision yet\n")
-        return web.Response(text="ok\n")
+        age = f"decision {board.age_s():.0f} s old"
+        if board.stale():
+            return web.Response(status=503, text=f"{age}, stale after {board.stale_after_s:.0f} s\n")
+        return web.Response(text=f"{age}\n")
 
     async def prometheus_metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
-    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", prometheus_metrics)])
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/decided", decided),
+                    web.get("/metrics", prometheus_metrics)])
     return app
+
+
+def decision_board(settings: Settings, *, metrics: ControllerMetrics, clock: Clock) -> DecisionBoard:
+    """The board the loop publishes to, whose decisions go stale after `stale_after_ticks` ticks; its age
+    and every stale read are metrics."""
+    board = DecisionBoard(stale_after_s=settings.stale_after_ticks * settings.tick_s, clock=clock,
+                          on_stale=lambda reader: metrics.stale_answers.labels(reader).inc())
+    metrics.decision_age.set_function(board.age_s)
+    return board
 
 
 async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
@@ -99,6 +121,7 @@ class Parts:
     tasks: list = field(default_factory=list)  # coroutine functions taking the stop event
     runners: list[web.AppRunner] = field(default_factory=list)
     grpc_server: object | None = None
+    serving: bool = False  # every server listens
 
 
 def _pods(kube: Kube, settings: Settings) -> KubePodEndpoints:
@@ -212,15 +235,16 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
 
     return Admission(
         board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
-        default_class=settings.admission.default_priority, retry_after_s=settings.admission.retry_after_s,
-        live_queue=live_queue, on_result=on_result, clock=clock,
+        default_class=settings.admission.default_priority, unknown_class=settings.admission.unknown_priority,
+        retry_after_s=settings.admission.retry_after_s, live_queue=live_queue, on_result=on_result,
+        on_unknown=metrics.unknown_priority.inc, clock=clock,
     )
 
 
 async def start_servers(settings: Settings, *, host: str, controller: Controller, admission: Admission | None,
                         board: DecisionBoard, metrics: ControllerMetrics, clock: Clock, parts: Parts) -> None:
-    parts.runners.append(await _serve(health_app(controller, metrics, board, clock, clock.now()), host,
-                                      settings.http_port))
+    parts.runners.append(await _serve(health_app(controller, metrics, board, clock, clock.now(),
+                                                 serving=lambda: parts.serving), host, settings.http_port))
     if admission is not None:
         parts.runners.append(await _serve(admission.app(), host, settings.admission.port))
     if settings.mode == Mode.keda:
@@ -232,6 +256,7 @@ async def start_servers(settings: Settings, *, host: str, controller: Controller
                                         namespace=settings.target.namespace, scaled_object=settings.target.name,
                                         metric_name=settings.keda.metric_name,
                                         credentials=server_credentials(tls) if tls is not None else None)
+    parts.serving = True
 
 
 async def stop_servers(parts: Parts) -> None:
@@ -259,7 +284,8 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     kube = await Kube.connect(kubeconfig, clock=clock)
     session = aiohttp.ClientSession()
-    board, metrics, priorities, parts = DecisionBoard(), ControllerMetrics(), PriorityCounter(), Parts()
+    metrics, priorities, parts = ControllerMetrics(), PriorityCounter(), Parts()
+    board = decision_board(settings, metrics=metrics, clock=clock)
     shared = dict(board=board, metrics=metrics, priorities=priorities, clock=clock, parts=parts)
     try:
         controller = build_controller(settings, kube, session, identity=identity, **shared)

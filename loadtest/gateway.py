@@ -5,7 +5,13 @@ lines name cluster addresses; here they are replaced (and each replacement is ch
 shipped file cannot silently bypass this harness): the model upstream becomes an included list of live
 servers (kept current by `loadtest.fleet`, with `least_conn`, a least-loaded balancer like vLLM's
 production routers), the admission endpoint is the controller's on 127.0.0.1, and nginx listens on
-127.0.0.1. Everything else (auth_request, the 403 -> 429 mapping with Retry-After) runs as shipped.
+127.0.0.1. Everything else (auth_request, the 403 -> 429 mapping with Retry-After, failing open, the
+priority from a trusted source) runs as shipped.
+
+The shipped file's documented settings can be set as a user would: `on_admission_error` (admit or reject),
+entries added to its priority maps (`map_entries`, keyed by the map's variable), and `trusted_priority_header`,
+the header an authenticating proxy in front sets (the load generator stands in for that proxy: it names
+each request's class in `x-request-priority`, which the shipped file on its own does not trust).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "gateway" / "nginx
 UPSTREAM_LINE = "upstream model { server llama-3-8b.llm.svc:8000; }"
 LISTEN_LINE = "listen 8080;"
 ADMISSION_URL = "http://inference-autoscaler.llm.svc:8081/auth_request"
+ON_ADMISSION_ERROR_LINE = "map $uri $admission_on_error {\n  default admit;"
+AUTH_PROXY_MAP = "map $http_x_auth_request_groups $priority_from_auth_proxy {"
 
 
 def _substitute(text: str, old: str, new: str) -> str:
@@ -30,10 +38,31 @@ def _substitute(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def render(*, tmp: Path, port: int, admission: str | list[str], upstreams: Path, worker_processes: int = 1) -> str:
-    """A complete nginx.conf around the shipped server configuration. Several admission endpoints (several
-    controller replicas, as behind their Service) are balanced, a refused connection tried on the next."""
-    server = SHIPPED.read_text()
+def configure(server: str, *, on_admission_error: str = "admit", trusted_priority_header: str | None = None,
+              map_entries: dict[str, list[str]] | None = None) -> str:
+    """The shipped server configuration with its documented settings changed as a user would change them."""
+    if on_admission_error != "admit":
+        server = _substitute(server, ON_ADMISSION_ERROR_LINE,
+                             ON_ADMISSION_ERROR_LINE.replace("admit;", f"{on_admission_error};"))
+    if trusted_priority_header is not None:
+        header = "$http_" + trusted_priority_header.lower().replace("-", "_")
+        server = _substitute(server, AUTH_PROXY_MAP, AUTH_PROXY_MAP.replace("$http_x_auth_request_groups", header)
+                             + "\n  ~^(?<trusted_priority>.+)$ $trusted_priority;")
+    for variable, entries in (map_entries or {}).items():
+        opening = next((line for line in server.splitlines() if line.startswith("map ")
+                        and line.endswith(f" {variable} {{")), None)
+        if opening is None:
+            raise ValueError(f"{SHIPPED}: no map sets {variable}; update loadtest/gateway.py with the shipped file")
+        server = server.replace(opening, "\n  ".join([opening, *entries]))
+    return server
+
+
+def render(*, tmp: Path, port: int, admission: str | list[str], upstreams: Path, worker_processes: int = 1,
+           **settings) -> str:
+    """A complete nginx.conf around the shipped server configuration (`settings`: see `configure`). Several
+    admission endpoints (several controller replicas, as behind their Service) are balanced, a refused
+    connection tried on the next."""
+    server = configure(SHIPPED.read_text(), **settings)
     server = _substitute(server, UPSTREAM_LINE, f"upstream model {{ least_conn; include {upstreams}; }}")
     server = _substitute(server, LISTEN_LINE, f"listen 127.0.0.1:{port};")
     endpoints = [admission] if isinstance(admission, str) else list(admission)
@@ -62,9 +91,10 @@ def nginx_binary() -> str:
 
 
 @contextlib.contextmanager
-def gateway(*, admission: str | list[str], upstreams: Path | None = None, port: int | None = None):
+def gateway(*, admission: str | list[str], upstreams: Path | None = None, port: int | None = None, **settings):
     """nginx on 127.0.0.1:`port` asking `admission` (base URL) per request and balancing over the servers
-    listed in `upstreams` (a file of `server host:port;` lines). Yields (url, pid file)."""
+    listed in `upstreams` (a file of `server host:port;` lines), with the shipped file's `settings` (see
+    `configure`). Yields (url, pid file)."""
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="gateway-") as tmp:
         tmp_path = Path(tmp)
@@ -73,7 +103,7 @@ def gateway(*, admission: str | list[str], upstreams: Path | None = None, port: 
         if not upstreams.exists():
             upstreams.write_text("server 127.0.0.1:9 max_fails=0;\n")
         conf = tmp_path / "nginx.conf"
-        conf.write_text(render(tmp=tmp_path, port=port, admission=admission, upstreams=upstreams))
+        conf.write_text(render(tmp=tmp_path, port=port, admission=admission, upstreams=upstreams, **settings))
         proc = subprocess.Popen([nginx_binary(), "-c", str(conf), "-p", tmp], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:

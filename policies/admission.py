@@ -4,10 +4,14 @@ The decision carries, per guarded priority, the queue depth at which that priori
 (`Decision.saturation_queue_depth`), and how to carry a queue reading forward: the ready slots and the
 requests per second they complete (`saturation_slots`, `saturation_drain_per_s`). The queue itself is read
 by a probe every second or so; a burst can arrive within one reading, so the endpoint counts its own
-admissions since the reading and `carried_queue` turns them into the queue now.
+admissions since the reading and `carried_queue` turns them into the queue now. `classify` turns the
+priority header the gateway set into a class.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Mapping
 
 
 def carried_queue(
@@ -20,3 +24,28 @@ def carried_queue(
     10 + max(0, 30 - 4 - 10) = 26."""
     free = max(0.0, slots - in_flight) if in_flight is not None else 0.0
     return queue + max(0.0, admitted - free - drain_per_s * max(0.0, elapsed_s))
+
+
+# Gateway API priorities are 32-bit integers (InferenceObjective.priority): anything wider is not a priority,
+# and a bounded pattern keeps a 4,000-digit header from costing a big-integer parse.
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INTEGER = re.compile(r"[+-]?[0-9]{1,10}")
+
+
+def classify(raw: str | None, priorities: Mapping[str, int], *, default: str, unknown: str) -> tuple[str, bool]:
+    """The class of a priority header's value, and whether the value named one. A class name matches in any
+    case (`Sheddable` is sheddable); a 32-bit integer maps to the class with the largest priority not above
+    it (below them all: the lowest class), e.g. with critical 1, standard 0, sheddable -1: 5 is critical,
+    -3 sheddable. No value (or a blank one) is `default`; anything else (a misspelt name, 1e3, an integer
+    beyond 32 bits) is `unknown`, and not recognised."""
+    if raw is None or not raw.strip():
+        return default, True
+    value = raw.strip()
+    by_name = {name.casefold(): name for name in priorities}
+    if value.casefold() in by_name:
+        return by_name[value.casefold()], True
+    if not _INTEGER.fullmatch(value) or not _INT32_MIN <= int(value) <= _INT32_MAX:
+        return unknown, False
+    ordered = sorted(priorities, key=priorities.__getitem__)
+    at_or_below = [name for name in ordered if priorities[name] <= int(value)]
+    return (at_or_below[-1] if at_or_below else ordered[0]), True

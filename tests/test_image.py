@@ -91,7 +91,7 @@ def run_controller(image, cluster, config: dict, tmp_path: Path, name: str) -> s
 
 def wait_ready(name: str, port: int) -> None:
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+        wait_http(f"http://127.0.0.1:{port}/decided", timeout_s=60)  # ready and decided
     except TimeoutError as err:
         state = podman("inspect", name, "--format", "{{.State.Status}} {{.State.ExitCode}}").stdout
         raise AssertionError(f"{err}; container {state}: {podman('logs', name).stderr[-3000:]}") from None

@@ -2,9 +2,12 @@
 
 The one metric has target 1 and value = the replicas to run, so the HPA's AverageValue rule
 ceil(value / target) gives exactly the decision. Answers come from the latest decision in memory; no RPC
-waits on I/O. Before the first decision GetMetrics answers UNAVAILABLE (KEDA keeps the current scale);
-an invalid decision publishes the current replica count (hold). A ScaledObject other than the configured
-one, or another metric name, gets NOT_FOUND; an empty name INVALID_ARGUMENT.
+waits on I/O. Before the first decision, and while the latest one is stale (older than the board's
+`stale_after_s`: the ticks stopped), GetMetrics and IsActive answer UNAVAILABLE: KEDA keeps the current
+scale, or applies the ScaledObject's fallback after its failureThreshold, and never scales to zero on an
+error; StreamIsActive pushes nothing until a fresh decision says. An invalid decision publishes the
+current replica count (hold). A ScaledObject other than the configured one, or another metric name, gets
+NOT_FOUND; an empty name INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 
 import grpc
 
-from autoscaler.board import DecisionBoard
+from autoscaler.board import DecisionBoard, Published
 from autoscaler.external_scaler import externalscaler_pb2 as pb
 from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
 
@@ -39,23 +42,28 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                 f"{self.namespace}/{self.scaled_object}",
             )
 
-    def _active(self) -> bool:
-        latest = self.board.latest
-        return latest is not None and latest.replicas > 0
+    async def _fresh(self, context: grpc.aio.ServicerContext) -> Published:
+        latest = self.board.fresh("keda")
+        if latest is None:
+            why = "no decision yet" if self.board.latest is None else f"decision {self.board.age_s():.0f} s old"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{why}: keep the current scale")
+        return latest
 
     async def IsActive(self, request, context):  # noqa: N802 (gRPC names)
         await self._check(request, context)
-        return pb.IsActiveResponse(result=self._active())
+        return pb.IsActiveResponse(result=(await self._fresh(context)).replicas > 0)
 
     async def StreamIsActive(self, request, context):  # noqa: N802
         await self._check(request, context)
         last = None
+        recheck_s = min(STREAM_RECHECK_S, self.board.stale_after_s or STREAM_RECHECK_S)
         while True:
-            active = self._active()
+            latest = self.board.fresh("keda")
+            active = latest.replicas > 0 if latest is not None else last  # nothing to say: say nothing
             if active != last:
                 yield pb.IsActiveResponse(result=active)
                 last = active
-            await self.board.wait_change(timeout_s=STREAM_RECHECK_S)
+            await self.board.wait_change(timeout_s=recheck_s)
 
     def _spec(self) -> pb.GetMetricSpecResponse:
         return pb.GetMetricSpecResponse(
@@ -79,10 +87,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                 grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metricName!r}; this scaler publishes "
                 f"{self.metric_name!r}"
             )
-        latest = self.board.latest
-        if latest is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no decision yet")
-        replicas = latest.replicas
+        replicas = (await self._fresh(context)).replicas
         return pb.GetMetricsResponse(
             metricValues=[pb.MetricValue(metricName=self.metric_name, metricValue=replicas,
                                          metricValueFloat=float(replicas))]

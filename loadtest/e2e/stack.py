@@ -29,6 +29,7 @@ from loadtest.e2e.config import E2EConfig
 from loadtest.gateway import gateway
 from loadtest.kube.controlplane import ControlPlane, control_plane
 from loadtest.kube.karpenter import POOL, POOL_LABEL, Karpenter, karpenter
+from loadtest.loadgen import PRIORITY_HEADER
 from loadtest.realservers import free_port, prometheus, stop, wait_http
 
 NAMESPACE = "llm"
@@ -111,7 +112,7 @@ class ControllerProcess:
             stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.name})
 
     def wait_ready(self) -> None:
-        wait_http(f"http://127.0.0.1:{self.http_port}/readyz", timeout_s=60, proc=self.proc)
+        wait_http(f"http://127.0.0.1:{self.http_port}/decided", timeout_s=60, proc=self.proc)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -288,7 +289,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
                                                              admission_port=admission)))
             ctrls.append(ControllerProcess(f"controller-{i}", path, http, admission, work / f"controller-{i}.log"))
         url, nginx_pid = exit_stack.enter_context(gateway(
-            admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams))
+            admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams,
+            trusted_priority_header=PRIORITY_HEADER))
         fleet = subprocess.Popen(
             [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", cp.kubeconfig, "--namespace", NAMESPACE,
              "--selector", f"app={MODEL}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
