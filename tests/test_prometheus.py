@@ -124,6 +124,19 @@ def test_record_then_replay_round_trip(stack, tmp_path):
     assert rows and all(r["queue"] != "" for r in rows[-3:])
 
 
+def test_record_with_a_fractional_step(stack, tmp_path):
+    """A time-compressed recording samples every 1.5 s: the step goes to Prometheus as seconds, not "1.5s"."""
+    _, prom = stack
+    config = tmp_path / "config.yaml"
+    config.write_text("target: {namespace: llm, name: model}\n"
+                      f"prometheus: {{url: '{prom}', selector: 'namespace=\"llm\"'}}\n")
+    out = tmp_path / "rec.json"
+    assert main(["record", "--config", str(config), "--start", "now-30s", "--end", "now", "--step-s", "1.5",
+                 "--out", str(out)]) == 0
+    times = json.loads(out.read_text())["queue_depth"]["data"]["result"][0]["values"]
+    assert [round(b[0] - a[0], 3) for a, b in zip(times, times[1:])] == [1.5] * (len(times) - 1)
+
+
 def test_record_analyze_and_run_the_recommended_config(stack, tmp_path, capsys):
     """record (from the real Prometheus) -> analyze (the preflight) -> the written policy section, pasted into
     the controller's config, is what `autoscaler run` loads."""
