@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="folder for timeline.csv and timeline.png (default: ./replay-out, or a temporary folder "
                         "when the working directory is not writable)")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="write timeline.csv only (default: also timeline.png)")
+    p.add_argument("--all", action="store_true",
+                   help="print every tick in the decision table (default: only the ticks where something changed)")
     p.set_defaults(handler=_replay)
     a = sub.add_parser("analyze", help="preflight: floor, bursts, residency, what can wait; a recommended policy")
     a.add_argument("input", help="a recording (as for replay) or a trace (Azure/Mooncake file, ServeGen folder)")
