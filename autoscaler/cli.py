@@ -5,11 +5,13 @@
                             [--policy POLICY.yaml] [--out DIR]
     autoscaler analyze INPUT [--format ...] [--out DIR] [--json] [--write-config FILE]
     autoscaler record --config CONFIG.yaml --start T --end T [--step-s 15] --out FILE.json
+    autoscaler serve --replay RECORDING [--speed 60] [--grpc-port 9090] [--admission-port 8081]
 
 `run` is the controller. `replay` is the dry run: it reads recorded signals (a Prometheus query_range
 export, CSV or JSONL) or a trace, runs the very same `policies.decide` the controller runs, and writes a
 CSV timeline and a PNG plot. `analyze` is the preflight: the demand's floor, bursts, residency and what can
-wait, and a recommended policy section. `record` exports a time range from Prometheus for both.
+wait, and a recommended policy section. `record` exports a time range from Prometheus for both. `serve`
+runs the KEDA scaler and the admission endpoint locally on decisions replayed from a recording.
 
 Each command imports what it needs when it runs: `run` never loads the simulator, the trace readers or
 the plotting library. Every error the shell raises on purpose is an `AutoscalerError`: bad input exits
@@ -77,6 +79,14 @@ def _record(args: argparse.Namespace) -> int:
     return record_command(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from autoscaler.replay.serve import serve
+
+    return asyncio.run(serve(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoscaler", description="Predictive autoscaling for GPU model servers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print one JSON document instead of the summary (default: the summary)")
     a.add_argument("--write-config", type=Path, default=None, help="write the recommended policy section here (default: not written)")
     a.set_defaults(handler=_analyze)
+    v = sub.add_parser("serve", help="the KEDA gRPC scaler and the admission endpoint on this machine, from a recording")
+    v.add_argument("--replay", required=True, help="recording whose decisions are served (as for replay)")
+    v.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus"],
+                   help="input format (default: %(default)s, from the file name and content)")
+    v.add_argument("--policy", default=None, help="YAML file of policy fields, or a controller config (default: built-in)")
+    v.add_argument("--tick-s", type=float, default=None, help="control-loop period (default: the policy's)")
+    v.add_argument("--speed", type=float, default=60.0,
+                   help="seconds of recording per second of wall time, 1 = its own pace "
+                        "(default: %(default)s: a 15-s tick every 0.25 s)")
+    v.add_argument("--host", default="127.0.0.1", help="address both servers listen on (default: %(default)s)")
+    v.add_argument("--grpc-port", type=int, default=9090, help="KEDA external scaler port (default: %(default)s)")
+    v.add_argument("--admission-port", type=int, default=8081, help="admission endpoint port (default: %(default)s)")
+    v.add_argument("--namespace", default="llm", help="the ScaledObject's namespace KEDA asks for (default: %(default)s)")
+    v.add_argument("--scaled-object", default="model", help="the ScaledObject's name KEDA asks for (default: %(default)s)")
+    v.add_argument("--exit-at-end", action="store_true",
+                   help="stop after the last tick (default: keep serving the last decision until Ctrl-C)")
+    v.set_defaults(handler=_serve)
     r = sub.add_parser("record", help="export a time range of the configured signals from Prometheus")
     r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus)")
     r.add_argument("--prometheus-url", default=None, help="Prometheus to query (default: the config's prometheus.url)")

@@ -70,7 +70,7 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def _what_changed(row: dict, before: dict | None) -> list[tuple[str, str]]:
+def what_changed(row: dict, before: dict | None) -> list[tuple[str, str]]:
     """(what, reason) for each change at this row against the one before (the first row: the start)."""
     reasons = _reasons(row)
     if not _valid(row):
@@ -100,7 +100,7 @@ def changes(rows: list[dict], *, every_tick: bool = False) -> list[Change]:
     out: list[Change] = []
     before: dict | None = None
     for row in rows:
-        found = _what_changed(row, before)
+        found = what_changed(row, before)
         if every_tick and not found:
             reasons = _reasons(row)
             found = [("held" if not _valid(row) else "-", _demand_reason(reasons) if _valid(row) else

@@ -1,0 +1,74 @@
+"""`autoscaler serve --replay`: the controller's KEDA scaler and admission endpoint, run as the command a
+user runs, answer a real gRPC client and HTTP requests with the decisions replayed from a recording."""
+
+import csv
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+
+from autoscaler.external_scaler import externalscaler_pb2 as pb
+from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.replay.openloop import open_loop
+from autoscaler.replay.recording import read_recording
+from policies import PolicySpec
+
+from loadtest.realservers import free_port, stop, wait_tcp
+
+
+def _recording(path, *, last_queue):
+    rows, t = [], 0.0
+    while t <= 3600:
+        rate = 10.0 if t < 1800 else 40.0
+        rows.append({"t_s": t, "arrival_rate_per_s": rate, "queue_depth": last_queue if t >= 3500 else 0,
+                     "in_flight": rate, "service_time_s": 1.0, "spec_replicas": 2, "ready_replicas": 2})
+        t += 15.0
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _status(url, priority):
+    request = urllib.request.Request(url, headers={"x-request-priority": priority})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_keda_and_admission_answer_from_the_replayed_decisions(tmp_path):
+    rec = tmp_path / "rec.csv"
+    _recording(rec, last_queue=2000)  # a deep queue at the end: the saturation guard rejects sheddable
+    expected = open_loop(read_recording(rec), PolicySpec())[-1]["replicas"]
+    grpc_port, http_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "autoscaler", "serve", "--replay", str(rec), "--speed", "1000",
+                             "--grpc-port", str(grpc_port), "--admission-port", str(http_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_tcp("127.0.0.1", http_port, proc=proc)
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "ticks published" in line:
+                break
+        assert "241 ticks published" in lines[-1], "".join(lines)
+        assert any("scale up" in line for line in lines), "".join(lines)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.ExternalScalerStub(channel)
+            ref = pb.ScaledObjectRef(name="model", namespace="llm")
+            metrics = stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="desired-replicas"))
+            assert metrics.metricValues[0].metricValueFloat == expected
+            assert stub.IsActive(ref).result
+        base = f"http://127.0.0.1:{http_port}/auth_request"
+        assert _status(base, "critical") == 200
+        assert _status(base, "sheddable") == 403
+    finally:
+        stop(proc)
+    assert proc.returncode in (0, -15)
