@@ -65,12 +65,14 @@ def test_the_summary_counts_changes_and_names_what_the_shed_share_is_of():
     assert "shed: 14.12% of sheddable requests (open loop)" in text
 
 
-def _recording(path, hours=1.0):
+def step_recording(path, *, last_queue=0):
+    """An hour at 15-s samples, the rate stepping up half way (the policy scales up); the queue `last_queue`
+    deep in the last 100 s."""
     rows, t = [], 0.0
-    while t <= hours * 3600:
-        rate = 10.0 if t < 1800 else 40.0  # a step up half way: the policy scales up
-        rows.append({"t_s": t, "arrival_rate_per_s": rate, "queue_depth": 0, "in_flight": rate,
-                     "service_time_s": 1.0, "spec_replicas": 2, "ready_replicas": 2})
+    while t <= 3600:
+        rate = 10.0 if t < 1800 else 40.0
+        rows.append({"t_s": t, "arrival_rate_per_s": rate, "queue_depth": last_queue if t >= 3500 else 0,
+                     "in_flight": rate, "service_time_s": 1.0, "spec_replicas": 2, "ready_replicas": 2})
         t += 15.0
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -79,7 +81,7 @@ def _recording(path, hours=1.0):
 
 
 def test_cli_prints_the_table_and_all_prints_every_tick(tmp_path, capsys):
-    _recording(tmp_path / "rec.csv")
+    step_recording(tmp_path / "rec.csv")
     assert main(["replay", str(tmp_path / "rec.csv"), "--no-plot", "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"0:30:\d\d\s+\d+->\d+\s+2\s+\d+\s+-\s+scale up[a-z, ]*\s+(reactive|predictive): ", printed), printed

@@ -1,7 +1,6 @@
 """`autoscaler serve --replay`: the controller's KEDA scaler and admission endpoint, run as the command a
 user runs, answer a real gRPC client and HTTP requests with the decisions replayed from a recording."""
 
-import csv
 import subprocess
 import sys
 import time
@@ -17,19 +16,7 @@ from autoscaler.replay.recording import read_recording
 from policies import PolicySpec
 
 from loadtest.realservers import free_port, stop, wait_tcp
-
-
-def _recording(path, *, last_queue):
-    rows, t = [], 0.0
-    while t <= 3600:
-        rate = 10.0 if t < 1800 else 40.0
-        rows.append({"t_s": t, "arrival_rate_per_s": rate, "queue_depth": last_queue if t >= 3500 else 0,
-                     "in_flight": rate, "service_time_s": 1.0, "spec_replicas": 2, "ready_replicas": 2})
-        t += 15.0
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+from test_replay_table import step_recording
 
 
 def _status(url, priority):
@@ -43,7 +30,7 @@ def _status(url, priority):
 
 def test_keda_and_admission_answer_from_the_replayed_decisions(tmp_path):
     rec = tmp_path / "rec.csv"
-    _recording(rec, last_queue=2000)  # a deep queue at the end: the saturation guard rejects sheddable
+    step_recording(rec, last_queue=2000)  # a deep queue at the end: the saturation guard rejects sheddable
     expected = open_loop(read_recording(rec), PolicySpec())[-1]["replicas"]
     grpc_port, http_port = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "autoscaler", "serve", "--replay", str(rec), "--speed", "1000",
