@@ -12,6 +12,8 @@ simulator's default per-token times. Times are at factor 1 (real time); a time-c
 - `diurnal-down`: 15 min at 2x, down to 1x linearly over 60 min, 15 min at 1x: 90 min.
 - `no-capacity`: 25 min steady, up to 2x within 5 min, held to minute 65 (the node pool's limit binds).
 - `controller-restart`: 15 min steady, up to 2x over 20 min (the controller is killed mid-ramp), to 45 min.
+- `fleet-3h`: the bundled recording's demand (`python -m loadtest.recordfleet`): a quiet first half hour at
+  0.8x, a ramp to 3x within an hour, a 2-minute burst to 4x, and back down to 0.8x by hour 3.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ PROFILES: dict[str, Profile] = {
     "diurnal-down": Profile(((0, 2.0), (15, 2.0), (75, 1.0), (90, 1.0))),
     "no-capacity": Profile(((0, 1.0), (25, 1.0), (30, 2.0), (65, 2.0))),
     "controller-restart": Profile(((0, 1.0), (15, 1.0), (35, 2.0), (45, 2.0))),
+    "fleet-3h": Profile(((0, 0.8), (30, 0.8), (90, 3.0), (110, 3.0), (110.01, 4.0), (112, 4.0), (112.01, 3.0),
+                         (130, 3.0), (165, 0.8), (180, 0.8))),
 }
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 
