@@ -43,18 +43,20 @@ def test_every_panel_query_answers_from_a_running_controller(cluster):
         settings = Settings(
             target={"namespace": ns, "name": "model"}, mode="shadow", http_port=http_port,
             prometheus={"url": prom, "selector": 'namespace="llm"'},
-            policy={"tick_s": 1.0, "replica_concurrency": 4, "forecast_bucket_s": 60.0},
+            policy={"tick_s": 1.0, "replica_concurrency": 4, "forecast_bucket_s": 2.0},
             warm_pool={"enabled": False}, admission={"port": admission_port},
         )
         thread = LoopThread()
         stop, task = start(thread, settings, cluster.kubeconfig)
         try:
             wait_for_series(prom, "autoscaler_decided_replicas", timeout_s=60)
-            for _ in range(5):  # admission answers, so its counter has series; two scrapes apart for rate()
+            for _ in range(10):  # traffic (a forecast needs arrivals) and admission answers, scraped apart
+                post_json(f"{model}/admin/state", {"add_success": 10, "observe_inference_s": [1.0] * 10})
                 request = urllib.request.Request(f"http://127.0.0.1:{admission_port}/auth_request",
                                                  headers={"x-request-priority": "critical"})
                 urllib.request.urlopen(request, timeout=5).read()
                 time.sleep(1.0)
+            wait_for_series(prom, "autoscaler_forecast_requests_per_second", timeout_s=30)
             empty = [(title, expr) for title, expr in panel_queries() if not query(prom, expr)]
         finally:
             stop_and_wait(thread, stop, task)
