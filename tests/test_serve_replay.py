@@ -59,3 +59,21 @@ def test_keda_and_admission_answer_from_the_replayed_decisions(tmp_path):
     finally:
         stop(proc)
     assert proc.returncode in (0, -15)
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path, capsys):
+    import socket
+
+    from autoscaler.cli import main
+
+    rec = tmp_path / "rec.csv"
+    step_recording(rec)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--replay", str(rec), "--grpc-port", str(free_port()), "--admission-port", str(port),
+                     "--exit-at-end"]) == 2
+        assert f"--admission-port {port}: cannot listen on 127.0.0.1" in capsys.readouterr().err
+        assert main(["serve", "--replay", str(rec), "--grpc-port", str(port), "--exit-at-end"]) == 2
+        assert f"--grpc-port {port}: cannot listen on 127.0.0.1" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from autoscaler.board import DecisionBoard, Published
 from autoscaler.config import Admission as AdmissionSettings
 from autoscaler.config import Keda as KedaSettings
 from autoscaler.config import load_policy_spec
+from autoscaler.errors import ConfigError
 from autoscaler.replay import table
 from autoscaler.replay.recording import Recording, read_recording
 from autoscaler.timeline import timeline_row
@@ -83,9 +84,17 @@ async def serve(args: argparse.Namespace, *, stop: asyncio.Event | None = None) 
         except (NotImplementedError, RuntimeError):
             pass  # not the main thread (tests)
     board = DecisionBoard()
-    scaler = await start_scaler(board, host=args.host, port=args.grpc_port, namespace=args.namespace,
-                                scaled_object=args.scaled_object, metric_name=KedaSettings().metric_name)
-    runner = await _start_admission(board, spec, host=args.host, port=args.admission_port)
+    try:
+        scaler = await start_scaler(board, host=args.host, port=args.grpc_port, namespace=args.namespace,
+                                    scaled_object=args.scaled_object, metric_name=KedaSettings().metric_name)
+    except (OSError, RuntimeError) as exc:  # grpc reports a port in use as RuntimeError or OSError
+        raise ConfigError(f"--grpc-port {args.grpc_port}: cannot listen on {args.host}: {exc}") from None
+    try:
+        runner = await _start_admission(board, spec, host=args.host, port=args.admission_port)
+    except OSError as exc:
+        await scaler.stop(grace=None)
+        raise ConfigError(f"--admission-port {args.admission_port}: cannot listen on {args.host}: "
+                          f"{exc.strerror or exc}") from None
     print(f"KEDA external scaler on {args.host}:{args.grpc_port} (ScaledObject {args.namespace}/{args.scaled_object}),"
           f" admission endpoint on http://{args.host}:{args.admission_port}/auth_request and /ext_authz;"
           f" replaying {recording.source} at {args.speed:g}x", flush=True)
