@@ -42,7 +42,8 @@ def record(url: str, queries: dict[str, str], *, start: float, end: float, step_
     document, counts = {}, {}
     for name, promql in queries.items():
         try:
-            result = client.custom_query_range(query=promql, start_time=start_dt, end_time=end_dt, step=f"{step_s:g}s")
+            # a bare number of seconds: Prometheus rejects a fractional duration such as "1.5s"
+            result = client.custom_query_range(query=promql, start_time=start_dt, end_time=end_dt, step=f"{step_s:g}")
         except (PrometheusApiClientException, OSError) as exc:
             raise TransientError(f"recording {name!r} ({promql}): {exc}", kind="prometheus_unavailable") from None
         document[name] = {"status": "success", "data": {"resultType": "matrix", "result": result}}

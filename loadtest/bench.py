@@ -133,31 +133,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", default=str(BUNDLED_TRACE),
                    help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
     p.add_argument("--scale", type=float, default=None, help="explicit load factor (default: size to --peak-replicas)")
-    p.add_argument("--peak-replicas", type=int, default=40, help="replicas the busiest minute/window needs")
-    p.add_argument("--tick-s", type=float, default=15.0)
-    p.add_argument("--slo-s", type=float, default=2.0, help="queue-wait SLO per request")
-    p.add_argument("--startup-s", type=float, default=120.0, help="pod creation -> Ready (mean, jittered)")
-    p.add_argument("--node-provisioning-s", type=float, default=300.0)
-    p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once")
+    p.add_argument("--peak-replicas", type=int, default=40, help="replicas the busiest minute/window needs (default: %(default)s)")
+    p.add_argument("--tick-s", type=float, default=15.0, help="control-loop period (default: %(default)s)")
+    p.add_argument("--slo-s", type=float, default=2.0, help="queue-wait SLO per request (default: %(default)s)")
+    p.add_argument("--startup-s", type=float, default=120.0, help="pod creation -> Ready (mean, jittered; default: %(default)s)")
+    p.add_argument("--node-provisioning-s", type=float, default=300.0, help="a new node's arrival (jittered; default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once (default: %(default)s)")
     p.add_argument("--gpus-per-replica", type=int, default=1,
-                   help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs")
+                   help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs (default: %(default)s)")
     p.add_argument("--gpus-per-node", type=int, default=1,
-                   help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas")
+                   help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas (default: %(default)s)")
     p.add_argument("--gpu-hour-price", type=float, default=1.0,
-                   help="price of one GPU-hour of the node type: cost = node GPU-hours x this")
+                   help="price of one GPU-hour of the node type: cost = node GPU-hours x this (default: %(default)s)")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
-                   help="shares of the policy's priority classes, highest first (critical,standard,sheddable)")
-    p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals")
-    p.add_argument("--policies", default=",".join(policyset.NAMES))
+                   help="shares of the policy's priority classes, highest first (critical,standard,sheddable; default: %(default)s)")
+    p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals (default: %(default)s)")
+    p.add_argument("--policies", default=",".join(policyset.NAMES), help="comma-separated policies to replay (default: %(default)s)")
     p.add_argument("--policy-config", default=None,
-                   help="YAML of predictive policy fields, or a controller config (its policy section)")
+                   help="YAML of predictive policy fields, or a controller config (its policy section; default: the built-in policy)")
     p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="one predictive policy field (YAML value), over --policy-config; repeatable")
-    p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here")
-    p.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+                   help="one predictive policy field (YAML value), over --policy-config; repeatable (default: none)")
+    p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here (default: none written)")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON document (default: the table)")
     p.add_argument("--frontier", action="store_true",
-                   help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets")
-    p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here")
+                   help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets (default: off)")
+    p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here (default: no plot)")
     p.add_argument("--workers", type=int, default=None, help="with --frontier: processes (default: CPUs)")
     return p.parse_args(argv)
 

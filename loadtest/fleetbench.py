@@ -387,7 +387,7 @@ def figures(policy: str, models: list[Model], *, limit: int, guaranteed: dict[st
             "tier": m.tier,
             "slo_attainment": {c: round(v, 5) for c, v in outcome["slo_attainment"].items()},
             "shed_by_class": {c: round(v, 5) for c, v in outcome["shed_by_class"].items()},
-            "gpu_hours": round(costs.total_gpu_hours, 3),
+            "gpu_hours": round(costs.replica_gpu_hours, 3),
             "warm_gpu_hours": round(costs.warm_pool_s * costs.gpus_per_replica / 3600.0, 3),
             "peak_gpus": max(m.held, default=0),
         }

@@ -18,6 +18,9 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   to the steady fleet and one more at minute 12 (the doubling cannot be placed) and raised at minute 45.
 - `controller-restart`: 15 min steady, up to 2x over 20 min, to 45 min; two controllers on the Lease, the
   leader killed at minute 25 (mid-ramp) and restarted at minute 27.
+- `fleet-3h` (a demand profile only, not a closed-loop scenario): the bundled recording's demand
+  (`python -m loadtest.recordfleet`): a quiet first half hour at 0.8x, a ramp to 3x within an hour, a 2-minute
+  burst to 4x, and back down to 0.8x by hour 3.
 """
 
 from __future__ import annotations
@@ -87,14 +90,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              actions=((25, "kill-leader"), (27, "restart-killed"))),
 )}
 
+# Demand profiles by name: every scenario's, and profiles that are no closed-loop scenario (the bundled
+# recording's), usable as `scenario:NAME` traces.
+PROFILES: dict[str, Profile] = {name: s.profile for name, s in SCENARIOS.items()} | {
+    "fleet-3h": Profile(((0, 0.8), (30, 0.8), (90, 3.0), (110, 3.0), (110.01, 4.0), (112, 4.0), (112.01, 3.0),
+                         (130, 3.0), (165, 0.8), (180, 0.8))),
+}
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 
 
 def synthetic(name: str, *, base_rate_per_s: float = BASE_RATE_PER_S, seed: int = 0) -> RequestTrace:
     """The requests of a scenario (arrival times from 0, token counts), reproducible from the seed."""
-    if name not in SCENARIOS:
-        raise TraceError(f"unknown scenario {name!r}; choose one of {sorted(SCENARIOS)}")
-    profile = SCENARIOS[name].profile
+    if name not in PROFILES:
+        raise TraceError(f"unknown scenario {name!r}; choose one of {sorted(PROFILES)}")
+    profile = PROFILES[name]
     rng = np.random.default_rng(seed)
     peak = base_rate_per_s * max(v for _, v in profile.points)
     candidates = np.cumsum(rng.exponential(1.0 / peak, int(peak * profile.span_s * 1.2) + 100))

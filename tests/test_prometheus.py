@@ -103,7 +103,7 @@ def test_garbage_and_slow_answers_are_reported(delay_s, kind):
     assert result.errors["queue_depth"].kind == kind and not result.samples
 
 
-def test_record_then_replay_round_trip(stack, tmp_path):
+def test_record_then_replay_round_trip(stack, tmp_path, step="1", out=None):
     model, prom = stack
     post_json(f"{model}/admin/state", {"waiting": 3, "running": 9})
     wait_for_series(prom, 'sum(vllm:num_requests_waiting{namespace="llm"})', lambda v: v == 3)
@@ -113,8 +113,8 @@ def test_record_then_replay_round_trip(stack, tmp_path):
         "target: {namespace: llm, name: model}\n"
         f"prometheus: {{url: '{prom}', selector: 'namespace=\"llm\"'}}\n"
     )
-    out = tmp_path / "rec.json"
-    assert main(["record", "--config", str(config), "--start", "now-2m", "--end", "now", "--step-s", "1",
+    out = out or tmp_path / "rec.json"
+    assert main(["record", "--config", str(config), "--start", "now-2m", "--end", "now", "--step-s", step,
                  "--out", str(out)]) == 0
     document = json.loads(out.read_text())
     assert document["queue_depth"]["data"]["result"]
@@ -122,6 +122,14 @@ def test_record_then_replay_round_trip(stack, tmp_path):
     assert recording.latest("queue_depth", recording.end_s).value == 3
     rows = open_loop(recording, PolicySpec(tick_s=1.0, forecast_bucket_s=60.0))
     assert rows and all(r["queue"] != "" for r in rows[-3:])
+
+
+def test_record_with_a_fractional_step(stack, tmp_path):
+    """A time-compressed recording samples every 1.5 s: the step goes to Prometheus as seconds, not "1.5s"."""
+    out = tmp_path / "rec.json"
+    test_record_then_replay_round_trip(stack, tmp_path, step="1.5", out=out)
+    times = json.loads(out.read_text())["queue_depth"]["data"]["result"][0]["values"]
+    assert [round(b[0] - a[0], 3) for a, b in zip(times, times[1:])] == [1.5] * (len(times) - 1)
 
 
 def test_record_analyze_and_run_the_recommended_config(stack, tmp_path, capsys):

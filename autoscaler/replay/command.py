@@ -15,11 +15,13 @@ from pathlib import Path
 
 from autoscaler.config import load_policy_spec
 from autoscaler.errors import ConfigError
+from autoscaler.replay import table
 from autoscaler.replay.output import write_csv, write_plot
 from autoscaler.replay.recording import read_recording
 from policies import PolicySpec
 
 DEFAULT_OUT = "replay-out"
+SIMULATED_BASIS = "simulated: shed requests over the class's requests, as the benchmark counts them"
 
 
 class _NoBar:
@@ -87,10 +89,9 @@ def replay(args: argparse.Namespace) -> int:
         bar, update = _progress(ticks, "replay")
         rows = open_loop(recording, spec, progress=update)
         bar.close()
-        valid = sum(1 for r in rows if r["valid"])
-        changes = sum(1 for a, b in zip(rows, rows[1:]) if a["replicas"] != b["replicas"])
-        print(f"{len(rows)} decisions, {valid} valid, {len(rows) - valid} held; {changes} replica changes")
-        print(f"replicas decided: min {min(r['replicas'] for r in rows)}, max {max(r['replicas'] for r in rows)}")
+        shed = table.open_loop_shed(rows, spec.classes)
+        _print_table(rows, spec, every_tick=args.all, shed_by_class=shed,
+                     shed_basis="open loop: each tick's decided fraction weighted by the recorded arrival rate")
     else:
         from autoscaler.replay.simulated import simulate
 
@@ -107,15 +108,35 @@ def replay(args: argparse.Namespace) -> int:
         if actual is not None:
             recorded = {r["t_s"]: r["replicas"] for r in actual.timeline}
             rows = [dict(r, recorded_replicas=recorded.get(r["t_s"], "")) for r in rows]
+        _print_table(rows, spec, every_tick=args.all, shed_by_class=ours.outcome["shed_by_class"],
+                     shed_basis=SIMULATED_BASIS)
     _write(out, rows, title=f"{args.mode} replay of {Path(args.input).name}", plot=not args.no_plot)
     return 0
+
+
+def sheddable_classes(spec: PolicySpec) -> tuple[str, ...]:
+    """The classes the policy may shed (priority below `shed_priority_below`), as the benchmark counts them."""
+    return tuple(c for c in spec.classes if spec.priorities[c] < spec.shed_priority_below)
+
+
+def _print_table(rows: list[dict], spec: PolicySpec, *, every_tick: bool, shed_by_class: dict[str, float],
+                 shed_basis: str) -> None:
+    if not rows:
+        print("no ticks to show")
+        return
+    found = table.changes(rows, every_tick=every_tick)
+    print(("every tick" if every_tick else "the ticks where something changed (--all: every tick)") + ":")
+    print(table.format_table(found, start_s=float(rows[0]["t_s"])))
+    print(table.summary(rows, tick_s=spec.tick_s, sheddable=sheddable_classes(spec), shed_by_class=shed_by_class,
+                        shed_basis=shed_basis))
 
 
 def _summary(result, spec: PolicySpec) -> str:
     attainment = result.outcome["slo_attainment"]
     per_class = " ".join(f"{name} {attainment[name]:.3%}" for name in spec.classes)
+    shed = ", ".join(f"{result.outcome['shed_by_class'][c]:.2%} of {c}" for c in sheddable_classes(spec)) or "none"
     return (f"SLO {per_class} | p99 wait {result.outcome['p99_queue_wait_s']:.2f} s | "
-            f"GPU-h {result.costs.replica_gpu_hours:.2f} | shed {result.outcome['shed_fraction']:.2%}")
+            f"GPU-h {result.costs.replica_gpu_hours:.2f} | shed {shed} requests")
 
 
 def _mix(text: str | None, classes: tuple[str, ...]) -> tuple[float, ...]:
@@ -150,6 +171,8 @@ def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
         initial_replicas=initial, keep_timeline=True, progress=update,
     )
     bar.close()
+    _print_table(result.timeline, spec, every_tick=args.all, shed_by_class=result.outcome["shed_by_class"],
+                 shed_basis=SIMULATED_BASIS)
     print(f"trace {workload.name} (scale x{workload.scale:.3g}): {_summary(result, spec)}")
     _write(out, result.timeline, title=f"simulated replay of {workload.name}", plot=not args.no_plot)
     return 0
