@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m loadtest.bench
 
-# Real servers the integration tests start: Prometheus and nginx from Debian; podman, runc and mmdebstrap
+# Real servers the integration tests start: Prometheus and nginx from Debian; headless Chromium for the
+# analyze report; podman, runc and mmdebstrap
 # to build and run the container image.
-SYSTEM_PACKAGES := prometheus nginx podman runc mmdebstrap
+SYSTEM_PACKAGES := prometheus nginx podman runc mmdebstrap chromium
 $(SYSTEM_STAMP): $(STAMP)
 	@for cmd in $(SYSTEM_PACKAGES); do command -v $$cmd >/dev/null || missing=1; done; \
 	  [ -z "$$missing" ] || ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
