@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from autoscaler.errors import AutoscalerError
+from autoscaler.flags import number
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="open-loop", choices=["open-loop", "simulated"])
     p.add_argument("--policy", default=None,
                    help="YAML file of policy fields, or a controller config (its policy section); default: built-in")
-    p.add_argument("--tick-s", type=float, default=None, help="control-loop period (default: the policy's)")
+    p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=None,
+                   help="control-loop period (default: the policy's)")
     p.add_argument("--default-priority", default="standard",
                    help="simulated: the class of requests a recording has no per-priority rates for")
     p.add_argument("--priority-mix", default=None,
@@ -82,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("input", help="a recording (as for replay) or a trace (Azure/Mooncake file, ServeGen folder)")
     a.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus", "trace"])
     a.add_argument("--policy", default=None, help="policy fields (slots per replica, SLO, priorities) to size with")
-    a.add_argument("--startup-s", type=float, default=None, help="pod start-up (default: measured, else the policy's)")
-    a.add_argument("--node-provisioning-s", type=float, default=None, help="default: the policy's")
-    a.add_argument("--scale", type=float, default=None, help="traces: multiply the load (default 1)")
-    a.add_argument("--peak-replicas", type=int, default=None,
+    a.add_argument("--startup-s", type=number(above=0), default=None,
+                   help="pod start-up (default: measured, else the policy's)")
+    a.add_argument("--node-provisioning-s", type=number(at_least=0), default=None, help="default: the policy's")
+    a.add_argument("--scale", type=number(above=0), default=None, help="traces: multiply the load (default 1)")
+    a.add_argument("--peak-replicas", type=number(int, at_least=1), default=None,
                    help="traces: scale so the busiest minute needs this many replicas (as the benchmark does)")
     a.add_argument("--out", type=Path, default=None, help="folder for report.html (default ./analyze-out)")
     a.add_argument("--json", action="store_true", help="print one JSON document instead of the summary")
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--prometheus-url", default=None, help="override prometheus.url")
     r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd]")
     r.add_argument("--end", default="now")
-    r.add_argument("--step-s", type=float, default=15.0)
+    r.add_argument("--step-s", type=number(above=0), default=15.0)
     r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay`")
     r.set_defaults(handler=_record)
     return parser

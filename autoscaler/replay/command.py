@@ -4,7 +4,8 @@ A recording (CSV, JSONL or Prometheus query_range export) is replayed open loop 
 tick) or simulated (the policy driving the simulated cluster on the recorded demand, against what actually
 ran); a trace is replayed on the simulated cluster. Either way the output is a timeline CSV and PNG in
 `--out`: the working directory's `replay-out` by default, or a fresh temporary folder when the working
-directory cannot be written (a read-only container)."""
+directory cannot be written (a read-only container). The folder is made only once the input has been read
+and checked: bad input writes nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from autoscaler.config import load_policy_spec
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, RecordingError, TraceError
+from autoscaler.limits import check_ticks
 from autoscaler.replay.output import write_csv, write_plot
 from autoscaler.replay.recording import read_recording
 from policies import PolicySpec
@@ -70,12 +72,13 @@ def _write(out: Path, rows: list[dict], *, title: str, plot: bool) -> None:
 
 def replay(args: argparse.Namespace) -> int:
     spec = load_policy_spec(args.policy, tick_s=args.tick_s)
-    out = output_folder(args.out)
     if args.format == "trace":
-        return _replay_trace(args, spec, out)
+        return _replay_trace(args, spec)
     recording = read_recording(args.input, args.format)
     step = recording.step_s()
-    ticks = int((recording.end_s - recording.start_s) // spec.tick_s) + 1
+    ticks = check_ticks(span_s=recording.end_s - recording.start_s, tick_s=spec.tick_s, source=recording.source,
+                        error=RecordingError)
+    out = output_folder(args.out)
     print(
         f"recording {recording.source}: {len(recording.series)} signals, "
         f"{(recording.end_s - recording.start_s) / 3600:.2f} h, sampled every {step:.0f} s; "
@@ -134,7 +137,7 @@ def _mix(text: str | None, classes: tuple[str, ...]) -> tuple[float, ...]:
     return mix
 
 
-def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
+def _replay_trace(args: argparse.Namespace, spec: PolicySpec) -> int:
     from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run, sim_config_for, ticks
     from autoscaler.sim.workload import WorkloadConfig, build
     from autoscaler.traces import read_trace
@@ -143,6 +146,8 @@ def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
     config = sim_config_for(spec)
     mix = _mix(args.priority_mix, spec.classes)
     workload = build(read_trace(args.input), WorkloadConfig(server=config.server, classes=spec.classes, priority_mix=mix))
+    check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.input, error=TraceError)
+    out = output_folder(args.out)
     initial = initial_replicas(needed_replicas(workload, config), config)
     bar, update = _progress(ticks(workload, config.tick_s), "simulate")
     result = run(

@@ -11,7 +11,8 @@ Accepted inputs (signal names are the fields of `policies.Signals`, plus cluster
 
 At tick t every signal takes its latest sample at or before t, with that sample's time, so a gap in the
 recording shows up to the policy as a stale signal, exactly as it would live. Bad input raises
-`RecordingError` naming the file, the line (or series) and the field.
+`RecordingError` naming the file, the line (or series) and the field: a file that is not UTF-8 text, and a
+recording spanning more than `autoscaler.limits.MAX_SPAN_S`, too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.errors import RecordingError
+from autoscaler.limits import check_span
+from autoscaler.textfile import lines, read_text
 from autoscaler.times import parse_time
 from autoscaler.traces import iter_json_objects
 from policies.types import SAMPLE_SIGNALS, ClusterState, Sample, Signals
@@ -146,22 +149,26 @@ def _from_rows(source: str, rows) -> Recording:
                 values.append(value)
     if not series:
         raise RecordingError(f"{source}: no samples")
-    return Recording(source, series)
+    return _checked(Recording(source, series))
+
+
+def _checked(recording: Recording) -> Recording:
+    check_span(start_s=recording.start_s, end_s=recording.end_s, source=recording.source, error=RecordingError)
+    return recording
 
 
 def read_csv(path: Path) -> Recording:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames:
-            raise RecordingError(f"{path}:1: empty file, expected a header")
+    reader = csv.DictReader(lines(path, RecordingError))
+    if not reader.fieldnames:
+        raise RecordingError(f"{path}:1: empty file, expected a header")
 
-        def rows():
-            for line, row in enumerate(reader, start=2):
-                if None in row:
-                    raise RecordingError(f"{path}:{line}: more fields than the header has")
-                yield f"{path}:{line}", row
+    def rows():
+        for line, row in enumerate(reader, start=2):
+            if None in row:
+                raise RecordingError(f"{path}:{line}: more fields than the header has")
+            yield f"{path}:{line}", row
 
-        return _from_rows(str(path), rows())
+    return _from_rows(str(path), rows())
 
 
 def read_jsonl(path: Path) -> Recording:
@@ -169,7 +176,7 @@ def read_jsonl(path: Path) -> Recording:
     return _from_rows(str(path), rows)
 
 
-def _query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:
+def query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:
     """One signal from a Prometheus query_range response; several series are combined."""
     if not isinstance(body, dict) or body.get("status") != "success":
         raise RecordingError(f"{where}: field 'status': expected a successful query_range response")
@@ -201,12 +208,12 @@ def read_prometheus(path: Path) -> Recording:
     if path.is_dir():
         for file in sorted(path.glob("*.json")):
             try:
-                bodies[file.stem] = (str(file), json.loads(file.read_text()))
+                bodies[file.stem] = (str(file), json.loads(read_text(file, RecordingError)))
             except json.JSONDecodeError as exc:
                 raise RecordingError(f"{file}:{exc.lineno}: not JSON: {exc.msg}") from None
     else:
         try:
-            document = json.loads(path.read_text())
+            document = json.loads(read_text(path, RecordingError))
         except json.JSONDecodeError as exc:
             raise RecordingError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
         if not isinstance(document, dict):
@@ -215,12 +222,12 @@ def read_prometheus(path: Path) -> Recording:
     series = {}
     for name, (where, body) in bodies.items():
         _check_name(name, where)
-        times, values = _query_range(name, body, where)
+        times, values = query_range(name, body, where)
         if times:
             series[name] = (times, values)
     if not series:
         raise RecordingError(f"{path}: no samples in any signal")
-    return Recording(str(path), series)
+    return _checked(Recording(str(path), series))
 
 
 def read_recording(path: str | Path, fmt: str = "auto") -> Recording:
