@@ -288,19 +288,31 @@ def _env_json_error(exc: SettingsError, env: dict[tuple[str, ...], str]) -> Conf
                        f"takes a JSON object, or set its fields one by one ({ENV_PREFIX}{field.upper()}__<FIELD>)")
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """`:line: not valid YAML: what`, on one line (a control character has no line: its offset instead)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        return f": not valid YAML: character {exc.character!r} at offset {exc.position}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark is not None else ""
+    return f"{where}: not valid YAML: {' '.join(str(getattr(exc, 'problem', None) or exc).split())}"
+
+
 def read_yaml_mapping(path: str | Path) -> dict:
     """A YAML file that must hold a mapping (empty file: empty mapping), or a ConfigError saying why."""
     path = Path(path)
     try:
         loaded = yaml.safe_load(read_text(path, ConfigError))
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"{path}{_yaml_problem(exc)}") from None
+    except ValueError as exc:  # PyYAML builds dates as it reads: `2023-13-45` is a date it cannot build
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of fields, got {type(loaded).__name__}")
+    for key in loaded:
+        if not isinstance(key, str):
+            raise ConfigError(f"{path}: key {key!r}: expected a field name")
     return loaded
 
 
