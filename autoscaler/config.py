@@ -300,8 +300,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def read_yaml_mapping(path: str | Path) -> dict:
     """A YAML file that must hold a mapping (empty file: empty mapping), or a ConfigError saying why."""
     path = Path(path)
+    text = read_text(path, ConfigError)
     try:
-        loaded = yaml.safe_load(read_text(path, ConfigError))
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}{_yaml_problem(exc)}") from None
     except ValueError as exc:  # PyYAML builds dates as it reads: `2023-13-45` is a date it cannot build
