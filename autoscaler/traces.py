@@ -112,8 +112,9 @@ def read_azure_csv(path: Path) -> RequestTrace:
     for line, row in enumerate(reader, start=2):
         if len(row) != 3:
             raise TraceError(f"{path}:{line}: expected 3 fields, got {len(row)}")
-        tokens = (_number(row[1], path, line, "ContextTokens", int), _number(row[2], path, line, "GeneratedTokens", int))
-        rows.append((_timestamp(row[0], path, line), *_tokens(tokens, path, line, ("ContextTokens", "GeneratedTokens"))))
+        names = ("ContextTokens", "GeneratedTokens")
+        tokens = (_number(row[1], path, line, names[0], int), _number(row[2], path, line, names[1], int))
+        rows.append((_timestamp(row[0], path, line), *_tokens(tokens, path, line, names)))
     return _finish(path.parent.name or path.stem, rows, path)
 
 

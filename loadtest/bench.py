@@ -213,18 +213,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=str(BUNDLED_TRACE),
                    help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
-    p.add_argument("--scale", type=number(above=0), default=None, help="explicit load factor (default: size to --peak-replicas)")
-    p.add_argument("--peak-replicas", type=number(int, at_least=1), default=40, help="replicas the busiest minute/window needs")
+    p.add_argument("--scale", type=number(above=0), default=None,
+                   help="explicit load factor (default: size to --peak-replicas)")
+    p.add_argument("--peak-replicas", type=number(int, at_least=1), default=40,
+                   help="replicas the busiest minute/window needs")
     p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=15.0)
     p.add_argument("--slo-s", type=number(above=0), default=2.0, help="queue-wait SLO per request")
     p.add_argument("--startup-s", type=number(above=0), default=120.0, help="pod creation -> Ready (mean, jittered)")
     p.add_argument("--node-provisioning-s", type=number(at_least=0), default=300.0)
-    p.add_argument("--concurrency", type=number(int, at_least=1), default=16, help="requests one replica serves at once")
-    p.add_argument("--gpus-per-replica", type=number(int, at_least=1), default=1,
+    p.add_argument("--concurrency", type=number(int, at_least=1), default=16,
+                   help="requests one replica serves at once")
+    p.add_argument("--gpus-per-replica", type=int, default=1,
                    help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs")
-    p.add_argument("--gpus-per-node", type=number(int, at_least=1), default=1,
+    p.add_argument("--gpus-per-node", type=int, default=1,
                    help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas")
-    p.add_argument("--gpu-hour-price", type=number(at_least=0), default=1.0,
+    p.add_argument("--gpu-hour-price", type=float, default=1.0,
                    help="price of one GPU-hour of the node type: cost = node GPU-hours x this")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
                    help="shares of the policy's priority classes, highest first (critical,standard,sheddable)")
@@ -239,7 +242,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--frontier", action="store_true",
                    help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets")
     p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here")
-    p.add_argument("--workers", type=number(int, at_least=1), default=None, help="with --frontier: processes (default: CPUs)")
+    p.add_argument("--workers", type=number(int, at_least=1), default=None,
+                   help="with --frontier: processes (default: CPUs)")
     return p.parse_args(argv)
 
 

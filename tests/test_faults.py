@@ -207,7 +207,8 @@ CASES = [
     ("99999999999 tokens (replay)", "autoscaler", "replay --format trace {d}/huge.csv --no-plot", {},
      r"huge\.csv:2: field 'GeneratedTokens': 99999999999 tokens, more than the 10000000"),
     ("99999999999 tokens (analyze)", "autoscaler", "analyze {d}/huge.csv --json", {}, r"huge\.csv:2: .*99999999999"),
-    ("99999999999 tokens (bench)", "bench", "--trace {d}/huge.csv --policies static", {}, r"huge\.csv:2: .*99999999999"),
+    ("99999999999 tokens (bench)", "bench", "--trace {d}/huge.csv --policies static", {},
+     r"huge\.csv:2: .*99999999999"),
     ("1-token trace scaled to 40 replicas", "autoscaler", "analyze {d}/tiny-work/trace.csv --peak-replicas 40 --json",
      {}, r"trace 'tiny-work': scaling by x.* requests, more than the 10000000 a run may simulate"),
     ("empty ServeGen chunk", "autoscaler", "analyze {d}/sg-empty --json", {},
@@ -294,6 +295,24 @@ def test_record_against_a_server_that_is_not_prometheus(inputs, tmp_path, body, 
                                     "--start", "now-1h", "--out", "recording.json"], cwd=tmp_path)
     _count("bad", outcome)
     _assert_refused(outcome, ("record against a non-Prometheus", "", "", {}, pattern))
+
+
+def test_analyze_never_writes_a_policy_section_the_controller_would_reject(inputs, tmp_path, monkeypatch):
+    """The recommended section is checked as `autoscaler run` checks it before it is written."""
+    from autoscaler.analyze import command
+
+    def answer(*args, **kwargs):
+        answers = real(*args, **kwargs)
+        answers["recommended"]["policy"]["default_startup_s"] = -1.0  # what --startup-s -1 used to produce
+        return answers
+
+    real = command.answer
+    monkeypatch.setattr(command, "answer", answer)
+    outcome = invoke(cli.main, ["analyze", str(inputs / "rec.csv"), "--json", "--write-config", "policy.yaml"],
+                     cwd=tmp_path)
+    _count("bad", outcome)
+    _assert_refused(outcome, ("analyze's own recommendation", "", "", {},
+                              r"--write-config policy\.yaml: the recommended policy: field 'default_startup_s': .*-1"))
 
 
 SERVE = """
