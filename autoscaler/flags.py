@@ -17,7 +17,8 @@ def number(kind: type = float, *, above: float | None = None, at_least: float | 
     """An argparse `type`: a finite number of `kind` within the bounds given."""
     bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
               f"<= {at_most:g}" if at_most is not None else ""]
-    wanted = ("a whole number" if kind is int else "a finite number") + "".join(f" {b}" for b in bounds if b)
+    wanted = " ".join(filter(None, ["a whole number" if kind is int else "a finite number",
+                                    " and ".join(b for b in bounds if b)]))
 
     def parse(text: str) -> float:
         try:
