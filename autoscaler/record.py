@@ -25,7 +25,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from autoscaler.clock import SystemClock
 from autoscaler.config import http_url, load_config
 from autoscaler.errors import ConfigError, RecordingError, TransientError
-from autoscaler.replay.recording import query_range
+from autoscaler.promrange import query_range
 from autoscaler.times import parse_time
 
 

@@ -26,15 +26,14 @@ from pathlib import Path
 
 from autoscaler.errors import RecordingError
 from autoscaler.limits import check_span
+from autoscaler.promrange import number, query_range, time_of
 from autoscaler.textfile import lines, read_text
-from autoscaler.times import parse_time
 from autoscaler.traces import iter_json_objects
 from policies.types import SAMPLE_SIGNALS, ClusterState, Sample, Signals
 
 CLUSTER_FIELDS = ("spec_replicas", "ready_replicas", "starting_replicas", "warm_slots_ready", "unschedulable_pods")
 PRIORITY_PREFIX = "arrival_rate_"  # arrival_rate_<priority>, e.g. arrival_rate_sheddable
 KNOWN = set(SAMPLE_SIGNALS) | set(CLUSTER_FIELDS)
-_COMBINE = {"p99_latency_s": max, "gpu_memory_headroom_ratio": min, "service_time_s": lambda v: sum(v) / len(v)}
 
 
 @dataclass
@@ -110,23 +109,6 @@ def _check_name(name: str, where: str) -> None:
         raise RecordingError(f"{where}: unknown signal {name!r}; known: {allowed}")
 
 
-def _float(text, where: str, field: str) -> float | None:
-    if text is None or (isinstance(text, str) and text.strip() == ""):
-        return None
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise RecordingError(f"{where}: field {field!r}: not a number: {text!r}") from None
-    return value  # NaN and Inf are kept: the policy reports them as unusable, never as zero
-
-
-def _time(text, where: str, field: str) -> float:
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise RecordingError(f"{where}: field {field!r}: {exc}") from None
-
-
 def _from_rows(source: str, rows) -> Recording:
     series: dict[str, tuple[list[float], list[float]]] = {}
     last_t = -math.inf
@@ -134,7 +116,7 @@ def _from_rows(source: str, rows) -> Recording:
         time_field = "t_s" if "t_s" in row else "timestamp"
         if time_field not in row:
             raise RecordingError(f"{where}: no time field (expected 't_s' or 'timestamp')")
-        t = _time(row[time_field], where, time_field)
+        t = time_of(row[time_field], where, time_field)
         if t < last_t:
             raise RecordingError(f"{where}: field {time_field!r}: time goes backwards ({t} < {last_t})")
         last_t = t
@@ -142,7 +124,7 @@ def _from_rows(source: str, rows) -> Recording:
             if name in ("t_s", "timestamp"):
                 continue
             _check_name(name, where)
-            value = _float(raw, where, name)
+            value = number(raw, where, name)
             if value is not None:
                 times, values = series.setdefault(name, ([], []))
                 times.append(t)
@@ -174,33 +156,6 @@ def read_csv(path: Path) -> Recording:
 def read_jsonl(path: Path) -> Recording:
     rows = ((f"{path}:{line}", row) for line, row in iter_json_objects(path, RecordingError))
     return _from_rows(str(path), rows)
-
-
-def query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:
-    """One signal from a Prometheus query_range response; several series are combined."""
-    if not isinstance(body, dict) or body.get("status") != "success":
-        raise RecordingError(f"{where}: field 'status': expected a successful query_range response")
-    data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        raise RecordingError(f"{where}: field 'data.resultType': expected 'matrix' (a query_range result)")
-    result = data.get("result")
-    if not isinstance(result, list):
-        raise RecordingError(f"{where}: field 'data.result': expected a list of series")
-    merged: dict[float, list[float]] = {}
-    for index, series in enumerate(result):
-        values = series.get("values") if isinstance(series, dict) else None
-        if not isinstance(values, list):
-            raise RecordingError(f"{where}: series {index}: field 'values': expected [[time, \"value\"], ...]")
-        for point, pair in enumerate(values):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise RecordingError(f"{where}: series {index} point {point}: field 'values': expected [time, value]")
-            t = _time(pair[0], f"{where}: series {index} point {point}", "time")
-            v = _float(pair[1], f"{where}: series {index} point {point}", "value")
-            if v is not None:
-                merged.setdefault(t, []).append(v)
-    combine = _COMBINE.get(name, sum)
-    times = sorted(merged)
-    return times, [float(combine(merged[t])) for t in times]
 
 
 def read_prometheus(path: Path) -> Recording:
