@@ -291,7 +291,8 @@ def _env_json_error(exc: SettingsError, env: dict[tuple[str, ...], str]) -> Conf
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """`:line: not valid YAML: what`, on one line (a control character has no line: its offset instead)."""
     if isinstance(exc, yaml.reader.ReaderError):
-        return f": not valid YAML: character {exc.character!r} at offset {exc.position}: {exc.reason}"
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        return f": not valid YAML: character 0x{code:02x} at offset {exc.position}: {exc.reason}"
     mark = getattr(exc, "problem_mark", None)
     where = f":{mark.line + 1}" if mark is not None else ""
     return f"{where}: not valid YAML: {' '.join(str(getattr(exc, 'problem', None) or exc).split())}"

@@ -41,6 +41,9 @@ def test_environment_overrides_the_file(tmp_path, monkeypatch):
      r"field 'prometheus.queries'.*unknown signal 'queue_depht'; did you mean 'queue_depth'"),
     ("prometheus: {url: 'http://p:9090', queries: {arrival_rate_gold: 'sum(q)'}}\n",
      r"unknown signal 'arrival_rate_gold'"),
+    ("mode: shadow\x1f\n", r"config\.yaml: not valid YAML: character 0x1f at offset \d+: special characters"),
+    ("2023-13-45: 1\n", r"config\.yaml: not valid YAML: month must be in 1\.\.12"),
+    ("1: 2\n", r"config\.yaml: key 1: expected a field name"),
 ])
 def test_invalid_values_name_the_field(tmp_path, extra, match):
     with pytest.raises(ConfigError, match=match):
