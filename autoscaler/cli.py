@@ -14,6 +14,8 @@ wait, and a recommended policy section. `record` exports a time range from Prome
 Each command imports what it needs when it runs: `run` never loads the simulator, the trace readers or
 the plotting library. Every error the shell raises on purpose is an `AutoscalerError`: bad input exits
 with status 2 and a message naming the file, line or field; an unreachable server exits with status 1.
+Numeric flags are checked by the parser (`autoscaler.flags`: also status 2, naming the flag and value), and
+inputs beyond the caps of `autoscaler.limits` are refused before they run; docs/faults.md lists it all.
 """
 
 from __future__ import annotations
