@@ -16,6 +16,8 @@ runs the KEDA scaler and the admission endpoint locally on decisions replayed fr
 Each command imports what it needs when it runs: `run` never loads the simulator, the trace readers or
 the plotting library. Every error the shell raises on purpose is an `AutoscalerError`: bad input exits
 with status 2 and a message naming the file, line or field; an unreachable server exits with status 1.
+Numeric flags are checked by the parser (`autoscaler.flags`: also status 2, naming the flag and value), and
+inputs beyond the caps of `autoscaler.limits` are refused before they run; docs/faults.md lists it all.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 
 from autoscaler.errors import AutoscalerError, ConfigError
+from autoscaler.flags import number
 
 
 EXAMPLE_CONFIG = "deploy/base/configmap.yaml"
@@ -104,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "simulated cluster on the recorded demand (default: %(default)s)")
     p.add_argument("--policy", default=None,
                    help="YAML file of policy fields, or a controller config (its policy section); default: built-in")
-    p.add_argument("--tick-s", type=float, default=None, help="control-loop period (default: the policy's)")
+    p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=None,
+                   help="control-loop period (default: the policy's)")
     p.add_argument("--default-priority", default="standard",
                    help="simulated: the class of requests a recording has no per-priority rates for (default: %(default)s)")
     p.add_argument("--priority-mix", default=None,
@@ -121,10 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus", "trace"],
                    help="input format (default: %(default)s, from the file name and content)")
     a.add_argument("--policy", default=None, help="policy fields (slots per replica, SLO, priorities) to size with (default: built-in)")
-    a.add_argument("--startup-s", type=float, default=None, help="pod start-up (default: measured, else the policy's)")
-    a.add_argument("--node-provisioning-s", type=float, default=None, help="a new node's arrival (default: the policy's)")
-    a.add_argument("--scale", type=float, default=None, help="traces: multiply the load (default 1)")
-    a.add_argument("--peak-replicas", type=int, default=None,
+    a.add_argument("--startup-s", type=number(above=0), default=None,
+                   help="pod start-up (default: measured, else the policy's)")
+    a.add_argument("--node-provisioning-s", type=number(at_least=0), default=None,
+                   help="a new node's arrival (default: the policy's)")
+    a.add_argument("--scale", type=number(above=0), default=None, help="traces: multiply the load (default 1)")
+    a.add_argument("--peak-replicas", type=number(int, at_least=1), default=None,
                    help="traces: scale so the busiest minute needs this many replicas, as the benchmark does "
                         "(default: unscaled, or --scale)")
     a.add_argument("--out", type=Path, default=None, help="folder for report.html (default ./analyze-out)")
@@ -153,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--prometheus-url", default=None, help="Prometheus to query (default: the config's prometheus.url)")
     r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd]")
     r.add_argument("--end", default="now", help="unix seconds, ISO 8601, or now-<N>[smhd] (default: %(default)s)")
-    r.add_argument("--step-s", type=float, default=15.0,
+    r.add_argument("--step-s", type=number(above=0), default=15.0,
                    help="seconds between samples; fractions allowed (default: %(default)s, the control tick)")
     r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay`")
     r.set_defaults(handler=_record)

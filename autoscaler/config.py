@@ -9,18 +9,25 @@ The policy section alone is what `autoscaler replay --policy FILE` reads (`load_
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
+import re
 import ssl
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from autoscaler.errors import ConfigError
 from autoscaler.presets import DCGM_HEADROOM, PRESETS, queries
+from autoscaler.textfile import read_text
 from policies import PolicySpec
+from policies.types import SAMPLE_SIGNALS
 
 # Unless set, a tick must finish its I/O within 80 % of the period: the rest keeps ticks from overlapping
 # when the apiserver or Prometheus is slow (a late answer is dropped; the tick holds).
@@ -31,6 +38,20 @@ class Mode(str, Enum):
     actuate = "actuate"  # scale, warm pool, shed
     shadow = "shadow"  # decide and log everything, write nothing to the cluster
     keda = "keda"  # publish decisions over gRPC only; KEDA's HPA scales
+
+
+ENV_PREFIX = "AUTOSCALER_"
+
+
+def http_url(value: str) -> str:
+    """An http(s) URL with a host, e.g. http://prometheus:9090 (an empty or schemeless value is refused)."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL with a host, like http://prometheus:9090")
+    return value.strip()
+
+
+HttpUrl = Annotated[str, AfterValidator(http_url)]
 
 
 class _Strict(BaseModel):
@@ -44,12 +65,20 @@ class Target(_Strict):
 
 
 class PrometheusSource(_Strict):
-    url: str | None = Field(None, description="Base URL; None disables PromQL signals.")
+    url: HttpUrl | None = Field(None, description="Base URL; unset (null) disables PromQL signals.")
     timeout_s: float = Field(3.0, gt=0, le=60)
     selector: str = Field("", description="Label matchers put into every preset query, e.g. namespace=\"llm\".")
-    queries: dict[str, str] = Field(default_factory=dict, description="Per-signal PromQL overriding the preset.")
+    queries: dict[str, str] = Field(
+        default_factory=dict, description="Per-signal PromQL overriding the preset; keys are signal names "
+        "(`policies.Signals` fields, or arrival_rate_<class> for a priority class of the policy).")
     dcgm_memory: bool = Field(False, description="GPU memory headroom from DCGM framebuffer metrics.")
     rate_window_s: float = Field(60.0, gt=0, le=3600, description="Window of rate() in the preset queries.")
+
+    @field_validator("queries")
+    @classmethod
+    def _signal_names(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown_queries(value, priorities=None)
+        return value
 
 
 class ScrapeSource(_Strict):
@@ -183,7 +212,7 @@ class LeaderElection(_Strict):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AUTOSCALER_", env_nested_delimiter="__", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
     target: Target
     mode: Mode = Mode.shadow
@@ -211,6 +240,10 @@ class Settings(BaseSettings):
             raise ValueError("no signal source: set prometheus.url or enable scrape")
         if self.deadline_s > self.tick_s:
             raise ValueError(f"tick_deadline_s ({self.tick_deadline_s}) must not exceed policy.tick_s ({self.tick_s})")
+        try:
+            unknown_queries(self.prometheus.queries, self.policy.priorities)
+        except ValueError as exc:
+            raise ValueError(f"prometheus.queries: {exc}") from None
         for key in ("default_priority", "unknown_priority"):
             value = getattr(self.admission, key)
             if value is not None and value not in self.policy.priorities:
@@ -244,31 +277,102 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
-def describe(error: ValidationError, source: str) -> str:
+def unknown_queries(overrides: dict[str, str], priorities: dict[str, int] | None) -> None:
+    """A query for a signal nothing reads is a typo (`queue_depht`): refused, with the closest name.
+    Per-class arrival rates are `arrival_rate_<class>`, for a class of `priorities` (any, when None)."""
+    classes = ["<class>"] if priorities is None else list(priorities)
+    known = list(SAMPLE_SIGNALS) + [f"arrival_rate_{name}" for name in classes]
+    for name in overrides:
+        per_class = priorities is None and name.startswith("arrival_rate_") and name != "arrival_rate_"
+        if name not in known and not per_class:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown signal {name!r}{hint} (known: {', '.join(known)})")
+
+
+def describe(error: ValidationError, source: str, env: dict[tuple[str, ...], str] | None = None) -> str:
+    """One line per error: the source (the file, or the environment variable that set the field), the
+    field and the value. `env` maps the field paths set by environment variables to the variables."""
     lines = []
     for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "(spec)"
+        loc = tuple(str(p) for p in item["loc"])
+        field = ".".join(loc) or "(spec)"
         value = item.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"{source}: field {field!r}: {item['msg']}{shown}")
+        lines.append(f"{_blame(loc, source, env or {})}: field {field!r}: {item['msg']}{shown}")
     return "\n".join(lines)
+
+
+def _blame(loc: tuple[str, ...], source: str, env: dict[tuple[str, ...], str]) -> str:
+    for path, var in env.items():
+        if loc[: len(path)] == path:
+            return f"environment variable {var}"  # the variable set this field (or a parent of it)
+    involved = [var for path, var in env.items() if path[: len(loc)] == loc]
+    if involved:  # a check across fields some of which came from the environment
+        return f"{source} with environment variable{'s' if len(involved) > 1 else ''} {', '.join(involved)}"
+    return source
+
+
+def env_fields(environ: dict[str, str] | None = None) -> dict[tuple[str, ...], str]:
+    """Field paths set by `AUTOSCALER_*` variables: AUTOSCALER_POLICY__MAX_REPLICAS -> (policy, max_replicas)."""
+    environ = os.environ if environ is None else environ
+    fields = set(Settings.model_fields)
+    out = {}
+    for var in environ:
+        upper = var.upper()
+        if upper.startswith(ENV_PREFIX):
+            path = tuple(upper[len(ENV_PREFIX):].lower().split("__"))
+            if path[0] in fields:
+                out[path] = var
+    return out
+
+
+def _env_json_error(exc: SettingsError, env: dict[tuple[str, ...], str]) -> ConfigError:
+    """pydantic-settings reads a nested field's variable as JSON; say which variable is not JSON."""
+    match = re.search(r'field "(\w+)"', str(exc))
+    field = match.group(1) if match else None
+    suspects = []
+    for path, var in env.items():
+        text = os.environ.get(var, "")
+        try:
+            json.loads(text)
+        except ValueError as bad:
+            if path[0] == field:
+                suspects.append((not text.lstrip().startswith(("{", "[")), len(path), var, bad))
+    if not suspects:
+        return ConfigError(f"environment: {exc}")
+    *_, var, bad = min(suspects)
+    return ConfigError(f"environment variable {var}: not valid JSON ({bad}): got {os.environ[var]!r}; a nested field "
+                       f"takes a JSON object, or set its fields one by one ({ENV_PREFIX}{field.upper()}__<FIELD>)")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """`:line: not valid YAML: what`, on one line (a control character has no line: its offset instead)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        return f": not valid YAML: character 0x{code:02x} at offset {exc.position}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark is not None else ""
+    return f"{where}: not valid YAML: {' '.join(str(getattr(exc, 'problem', None) or exc).split())}"
 
 
 def read_yaml_mapping(path: str | Path) -> dict:
     """A YAML file that must hold a mapping (empty file: empty mapping), or a ConfigError saying why."""
     path = Path(path)
+    text = read_text(path, ConfigError)
     try:
-        loaded = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"{path}{_yaml_problem(exc)}") from None
+    except ValueError as exc:  # PyYAML builds dates as it reads: `2023-13-45` is a date it cannot build
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of fields, got {type(loaded).__name__}")
+    for key in loaded:
+        if not isinstance(key, str):
+            raise ConfigError(f"{path}: key {key!r}: expected a field name")
     return loaded
 
 
@@ -296,7 +400,10 @@ def load_config(path: str | Path | None) -> Settings:
         data = read_yaml_mapping(path)
     if "tick_s" in data:
         raise ConfigError(f"{source}: field 'tick_s': set the loop's period as policy.tick_s (one place for both)")
+    env = env_fields()
     try:
         return Settings(**data)
+    except SettingsError as exc:
+        raise _env_json_error(exc, env) from None
     except ValidationError as exc:
-        raise ConfigError(describe(exc, source)) from None
+        raise ConfigError(describe(exc, source, env)) from None

@@ -4,7 +4,9 @@ Bad input (exit status 2 from the CLI, nothing started or written):
 - `ConfigError`: a config file, policy file, flag or environment variable that cannot be used.
 - `RecordingError`: a recording (`autoscaler replay`) that cannot be read.
 - `TraceError`: a trace file that cannot be read.
-Each message names the file, line or field and the value.
+Each message names the file, line or field and the value. `autoscaler record` counts a server that does not
+answer as Prometheus does (a JSON array, HTML) as a wrong URL: a `ConfigError` naming it. Inputs beyond the
+caps of `autoscaler.limits` are bad input too. docs/faults.md lists what is refused and how.
 
 The edges at run time (`EdgeError`, exit status 1 from a one-shot command; the control loop holds the tick):
 - `TransientError`: the server may answer next time (timeouts, connection refused, HTTP 5xx, 409 conflicts,

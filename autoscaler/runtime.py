@@ -24,6 +24,7 @@ from typing import Callable
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -53,10 +54,40 @@ HEALTHY_TICK_PERIODS = 3
 STARTUP_GRACE_S = 30.0
 
 
+# The servers take request and header lines up to this size (aiohttp's default is 8190 bytes): a gateway
+# forwards its clients' headers (Envoy accepts 60 KiB of them), and a refusal is a 400 the client sees.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class _BadRequestLine(logging.Filter):
+    """A client's malformed request (a header over the limit, bad syntax) is the client's fault: aiohttp logs
+    it with a traceback; this turns it into one warning with the status and the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.peer = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            record.msg, record.args, record.exc_info, record.exc_text = "bad request", (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            reason = str(exc.message).split(": b'")[0]  # the client's bytes stay out of the log (tokens)
+            record.status, record.error = exc.code, " ".join(reason.split())[:200]
+        return True
+
+
 def configure_logging() -> None:
-    logging.basicConfig(format="%(message)s", stream=sys.stdout, level=logging.INFO)
+    """Every log line is one JSON object on stdout, the libraries' (aiohttp, kubernetes) included."""
+    timestamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.addFilter(_BadRequestLine())
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()],
+        foreign_pre_chain=[structlog.processors.add_log_level, structlog.stdlib.add_logger_name, timestamp,
+                           structlog.stdlib.ExtraAdder(allow=["peer", "status", "error"]),
+                           structlog.processors.format_exc_info],
+    ))
+    logging.basicConfig(handlers=[handler], level=logging.INFO, force=True)
     structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+        processors=[structlog.processors.add_log_level, timestamp,
                     structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         logger_factory=structlog.PrintLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
@@ -108,7 +139,7 @@ def decision_board(settings: Settings, *, metrics: ControllerMetrics, clock: Clo
 
 async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     # No access log: the admission endpoint answers every request of the gateway; its counts are metrics.
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

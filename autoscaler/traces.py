@@ -7,7 +7,9 @@
   CVs in 10-min windows, kept per client (a batchy client bursts by its own volume, not the aggregate's)
   and summed into one aggregate rate per window.
 
-Bad input raises `TraceError` naming the file, the line and the field.
+Bad input raises `TraceError` naming the file, the line and the field: also a file that is not UTF-8 text, a
+request with no token or more than `autoscaler.limits.MAX_TOKENS_PER_REQUEST`, ServeGen windows that do not
+increase, and a trace spanning more than `autoscaler.limits.MAX_SPAN_S`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from autoscaler.errors import TraceError
+from autoscaler.limits import MAX_TOKENS_PER_REQUEST, check_span
+from autoscaler.textfile import lines, read_text
 
 @dataclass(frozen=True)
 class RequestTrace:
@@ -75,49 +79,57 @@ def _timestamp(text: str, path: Path, line: int) -> float:
     return base + fraction
 
 
+def _tokens(values: tuple[float, float], path: Path, line: int, fields: tuple[str, str]) -> tuple[float, float]:
+    """A request's input and output tokens: at least one in all (a request with none occupies no slot and
+    makes the load unscalable), at most `MAX_TOKENS_PER_REQUEST` each."""
+    for value, field in zip(values, fields):
+        if value > MAX_TOKENS_PER_REQUEST:
+            raise TraceError(f"{path}:{line}: field {field!r}: {value:.0f} tokens, more than the "
+                             f"{MAX_TOKENS_PER_REQUEST} a request may hold")
+    if sum(values) < 1:
+        raise TraceError(f"{path}:{line}: fields {fields[0]!r} and {fields[1]!r}: a request needs at least one token, "
+                         f"got {values[0]:g} and {values[1]:g}")
+    return values
+
+
 def _finish(name: str, rows: list[tuple[float, float, float]], path: Path) -> RequestTrace:
     if not rows:
         raise TraceError(f"{path}: no requests")
     data = np.array(rows, dtype=float)
+    check_span(start_s=float(data[:, 0].min()), end_s=float(data[:, 0].max()), source=str(path), error=TraceError)
     order = np.argsort(data[:, 0], kind="stable")
     data = data[order]
     return RequestTrace(name, data[:, 0] - data[0, 0], data[:, 1], data[:, 2])
 
 
 def read_azure_csv(path: Path) -> RequestTrace:
-    with path.open(newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
-        if header is None or [h.strip() for h in header] != expected:
-            raise TraceError(f"{path}:1: header must be {','.join(expected)}, got {header!r}")
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            if len(row) != 3:
-                raise TraceError(f"{path}:{line}: expected 3 fields, got {len(row)}")
-            rows.append(
-                (
-                    _timestamp(row[0], path, line),
-                    _number(row[1], path, line, "ContextTokens", int),
-                    _number(row[2], path, line, "GeneratedTokens", int),
-                )
-            )
+    reader = csv.reader(lines(path, TraceError))
+    header = next(reader, None)
+    expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+    if header is None or [h.strip() for h in header] != expected:
+        raise TraceError(f"{path}:1: header must be {','.join(expected)}, got {header!r}")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        if len(row) != 3:
+            raise TraceError(f"{path}:{line}: expected 3 fields, got {len(row)}")
+        names = ("ContextTokens", "GeneratedTokens")
+        tokens = (_number(row[1], path, line, names[0], int), _number(row[2], path, line, names[1], int))
+        rows.append((_timestamp(row[0], path, line), *_tokens(tokens, path, line, names)))
     return _finish(path.parent.name or path.stem, rows, path)
 
 
 def iter_json_objects(path: Path, error: type[ValueError]):
     """(line number, object) for each non-blank line of a JSONL file; `error` names file and line."""
-    with path.open() as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{line}: not JSON: {exc.msg}") from None
-            if not isinstance(record, dict):
-                raise error(f"{path}:{line}: expected a JSON object")
-            yield line, record
+    for line, text in enumerate(lines(path, error), start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{line}: not JSON: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise error(f"{path}:{line}: expected a JSON object")
+        yield line, record
 
 
 def read_mooncake_jsonl(path: Path) -> RequestTrace:
@@ -128,7 +140,8 @@ def read_mooncake_jsonl(path: Path) -> RequestTrace:
             if field not in record:
                 raise TraceError(f"{path}:{line}: field {field!r} is missing")
             values.append(_number(record[field], path, line, field))
-        rows.append((values[0] / 1000.0, values[1], values[2]))
+        tokens = _tokens((values[1], values[2]), path, line, ("input_length", "output_length"))
+        rows.append((values[0] / 1000.0, *tokens))
     return _finish(path.parent.name or path.stem, rows, path)
 
 
@@ -137,10 +150,12 @@ def _dataset_means(path: Path, windows: int, window_s: float) -> tuple[np.ndarra
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, TraceError))
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
-    starts = sorted((float(k), v) for k, v in data.items())
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: expected an object keyed by window start (s), got {type(data).__name__}")
+    starts = sorted((_window_key(k, path), v) for k, v in data.items())
     ins, outs = np.full(windows, np.nan), np.full(windows, np.nan)
     for index, (start, entry) in enumerate(starts):
         end = starts[index + 1][0] if index + 1 < len(starts) else math.inf
@@ -152,12 +167,53 @@ def _dataset_means(path: Path, windows: int, window_s: float) -> tuple[np.ndarra
                 raise TraceError(f"{path}: key {start:.0f}: field {field!r}: not a distribution") from None
             if not isinstance(dist, dict):
                 raise TraceError(f"{path}: key {start:.0f}: field {field!r}: not a distribution")
-            total = sum(float(p) for p in dist.values())
-            means.append(sum(float(k) * float(p) for k, p in dist.items()) / total if total > 0 else np.nan)
+            means.append(_mean(dist, path, start, field))
         lo = int(start // window_s)
         hi = windows if end == math.inf else int(end // window_s)
         ins[lo:hi], outs[lo:hi] = means
     return ins, outs
+
+
+def _window_key(key: str, path: Path) -> float:
+    try:
+        start = float(key)
+    except ValueError:
+        start = math.nan
+    if not (math.isfinite(start) and start >= 0):
+        raise TraceError(f"{path}: key {key!r}: expected a window start in seconds (a number >= 0)")
+    return start
+
+
+def _mean(dist: dict, path: Path, start: float, field: str) -> float:
+    """The mean of a {tokens: probability} distribution (NaN when its weights sum to 0)."""
+    try:
+        pairs = [(float(k), float(p)) for k, p in dist.items()]
+    except (TypeError, ValueError):
+        raise TraceError(f"{path}: key {start:.0f}: field {field!r}: not a distribution of numbers") from None
+    if not all(math.isfinite(k) and math.isfinite(p) and p >= 0 for k, p in pairs):
+        raise TraceError(f"{path}: key {start:.0f}: field {field!r}: tokens and weights must be finite, weights >= 0")
+    total = sum(p for _, p in pairs)
+    return sum(k * p for k, p in pairs) / total if total > 0 else np.nan
+
+
+def _chunk(path: Path) -> tuple[list[float], list[float], list[float]]:
+    """One ServeGen client: window starts (increasing), rates and inter-arrival CVs."""
+    starts, rates, cvs = [], [], []
+    for line, row in enumerate(csv.reader(lines(path, TraceError)), start=1):
+        if not row:
+            continue
+        if len(row) < 3:
+            raise TraceError(f"{path}:{line}: expected at least 3 fields, got {len(row)}")
+        start = _number(row[0], path, line, "window start")
+        if starts and start <= starts[-1]:
+            raise TraceError(f"{path}:{line}: field 'window start': {start:g} does not come after the previous "
+                             f"window's {starts[-1]:g}; windows must increase")
+        starts.append(start)
+        rates.append(_number(row[1], path, line, "rate"))
+        cvs.append(_number(row[2], path, line, "cv") if row[2] else 1.0)
+    if not starts:
+        raise TraceError(f"{path}: empty; expected rows of window start (s), rate (req/s), inter-arrival CV")
+    return starts, rates, cvs
 
 
 def read_servegen(folder: Path) -> RateTrace:
@@ -167,24 +223,14 @@ def read_servegen(folder: Path) -> RateTrace:
     clients = []
     window_s = None
     for path in files:
-        starts, rates, cvs = [], [], []
-        with path.open(newline="") as handle:
-            for line, row in enumerate(csv.reader(handle), start=1):
-                if not row:
-                    continue
-                if len(row) < 3:
-                    raise TraceError(f"{path}:{line}: expected at least 3 fields, got {len(row)}")
-                starts.append(_number(row[0], path, line, "window start"))
-                rates.append(_number(row[1], path, line, "rate"))
-                cvs.append(_number(row[2], path, line, "cv") if row[2] else 1.0)
+        starts, rates, cvs = _chunk(path)
         if len(starts) > 1:
-            step = starts[1] - starts[0]
-            if step <= 0:
-                raise TraceError(f"{path}:2: field 'window start': windows must increase")
-            window_s = window_s or step
+            window_s = window_s or starts[1] - starts[0]
         clients.append((path, np.array(starts), np.array(rates), np.array(cvs)))
     window_s = window_s or 600.0
-    windows = int(max(s[-1] for _, s, _, _ in clients if len(s)) // window_s) + 1
+    first, last = min(s[0] for _, s, _, _ in clients), max(s[-1] for _, s, _, _ in clients)
+    check_span(start_s=first, end_s=last + window_s, source=str(folder), error=TraceError)
+    windows = int(last // window_s) + 1
     rate = np.zeros(windows)
     client_rate = np.zeros((len(clients), windows))
     client_cv2 = np.ones((len(clients), windows))

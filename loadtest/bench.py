@@ -25,7 +25,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from autoscaler.config import describe, read_yaml_mapping
-from autoscaler.errors import ConfigError, InputError
+from autoscaler.errors import ConfigError, InputError, TraceError
+from autoscaler.flags import number
+from autoscaler.limits import check_ticks
 from autoscaler.sim.cluster import ClusterModel
 from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, run, ticks
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
@@ -132,13 +134,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=str(BUNDLED_TRACE),
                    help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
-    p.add_argument("--scale", type=float, default=None, help="explicit load factor (default: size to --peak-replicas)")
-    p.add_argument("--peak-replicas", type=int, default=40, help="replicas the busiest minute/window needs (default: %(default)s)")
-    p.add_argument("--tick-s", type=float, default=15.0, help="control-loop period (default: %(default)s)")
-    p.add_argument("--slo-s", type=float, default=2.0, help="queue-wait SLO per request (default: %(default)s)")
-    p.add_argument("--startup-s", type=float, default=120.0, help="pod creation -> Ready (mean, jittered; default: %(default)s)")
-    p.add_argument("--node-provisioning-s", type=float, default=300.0, help="a new node's arrival (jittered; default: %(default)s)")
-    p.add_argument("--concurrency", type=int, default=16, help="requests one replica serves at once (default: %(default)s)")
+    p.add_argument("--scale", type=number(above=0), default=None,
+                   help="explicit load factor (default: size to --peak-replicas)")
+    p.add_argument("--peak-replicas", type=number(int, at_least=1), default=40,
+                   help="replicas the busiest minute/window needs (default: %(default)s)")
+    p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=15.0,
+                   help="control-loop period (default: %(default)s)")
+    p.add_argument("--slo-s", type=number(above=0), default=2.0, help="queue-wait SLO per request (default: %(default)s)")
+    p.add_argument("--startup-s", type=number(above=0), default=120.0,
+                   help="pod creation -> Ready (mean, jittered; default: %(default)s)")
+    p.add_argument("--node-provisioning-s", type=number(at_least=0), default=300.0,
+                   help="a new node's arrival (jittered; default: %(default)s)")
+    p.add_argument("--concurrency", type=number(int, at_least=1), default=16,
+                   help="requests one replica serves at once (default: %(default)s)")
     p.add_argument("--gpus-per-replica", type=int, default=1,
                    help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs (default: %(default)s)")
     p.add_argument("--gpus-per-node", type=int, default=1,
@@ -158,7 +166,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--frontier", action="store_true",
                    help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets (default: off)")
     p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here (default: no plot)")
-    p.add_argument("--workers", type=int, default=None, help="with --frontier: processes (default: CPUs)")
+    p.add_argument("--workers", type=number(int, at_least=1), default=None,
+                   help="with --frontier: processes (default: CPUs)")
     return p.parse_args(argv)
 
 
@@ -208,6 +217,7 @@ def prepare(args: argparse.Namespace) -> Setup:
         trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, classes=classes, priority_mix=mix,
                               server=server)
     )
+    check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.trace, error=TraceError)
     needed = needed_replicas(workload, config)
     bound = policyset.replica_bound(needed)
     try:

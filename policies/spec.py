@@ -22,7 +22,7 @@ class PolicySpec(BaseModel):
 
     min_replicas: int = Field(1, ge=0, description="Never fewer replicas than this.")
     max_replicas: int = Field(64, ge=1, description="Never more replicas than this.")
-    tick_s: float = Field(15.0, gt=0, le=300, description="Control-loop period.")
+    tick_s: float = Field(15.0, ge=1, le=300, description="Control-loop period (at least 1 s).")
     replica_concurrency: int = Field(16, ge=1, description="Requests one replica serves at once.")
     initial_service_time_s: float = Field(
         2.0, gt=0, description="Mean time a request occupies a slot, until learned from in-flight/arrivals."
@@ -104,7 +104,7 @@ class PolicySpec(BaseModel):
     shed_priority_below: int = Field(
         0, le=1, description="Only priorities below this are ever shed (Gateway API: negative = sheddable)."
     )
-    priorities: dict[str, int] = Field(default_factory=lambda: dict(PRIORITY_CLASSES))
+    priorities: dict[str, int] = Field(default_factory=lambda: dict(PRIORITY_CLASSES), min_length=1)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "PolicySpec":

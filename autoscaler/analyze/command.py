@@ -1,17 +1,23 @@
 """`autoscaler analyze PATH`: read a recording or a trace, answer the four preflight questions, print the
 summary (or one JSON document), write an HTML report with plots into --out, and the recommended policy
-section into --write-config."""
+section into --write-config. The flags are checked by the parser; the recommended section is checked as
+`autoscaler run` and `replay --policy` will check it before it is written, so a written file always loads."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from pydantic import ValidationError
 
 from autoscaler.analyze.demand import load
 from autoscaler.analyze.questions import answer
 from autoscaler.analyze.report import summary, write_config, write_html
-from autoscaler.config import load_policy_spec
+from autoscaler.config import describe, load_policy_spec
+from autoscaler.errors import ConfigError
 from autoscaler.replay.command import output_folder
+from policies import PolicySpec
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -19,7 +25,7 @@ def analyze(args: argparse.Namespace) -> int:
     demand = load(args.input, args.format, spec, scale=args.scale, peak_replicas=args.peak_replicas)
     answers = answer(demand, spec, startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s)
     if args.write_config:
-        write_config(args.write_config, answers)
+        _write_config(args.write_config, answers)
     report = None
     if args.out or not args.json:
         out = output_folder(args.out, default="analyze-out")
@@ -36,3 +42,14 @@ def analyze(args: argparse.Namespace) -> int:
         if args.write_config:
             print(f"wrote {args.write_config}")
     return 0
+
+
+def _write_config(path: Path, answers: dict) -> None:
+    try:
+        PolicySpec(**answers["recommended"]["policy"])
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, f"--write-config {path}: the recommended policy")) from None
+    try:
+        write_config(path, answers)
+    except OSError as exc:
+        raise ConfigError(f"--write-config {path}: cannot write: {exc.strerror}") from None

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, RecordingError, TraceError
+from autoscaler.limits import check_ticks
 from autoscaler.replay.recording import Recording, read_recording
 from autoscaler.sim.ticks import replicas_for_rates, tick_demand
 from autoscaler.sim.workload import RequestWorkload, WorkloadConfig, build
@@ -57,6 +58,7 @@ def from_trace(path: str, spec: PolicySpec, *, scale: float | None, peak_replica
     from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel
 
     trace = read_trace(path)
+    check_ticks(span_s=trace.span_s, tick_s=spec.tick_s, source=path, error=TraceError)
     server = ServerModel(concurrency=spec.replica_concurrency)
     if scale is None and peak_replicas is None:
         scale = 1.0
@@ -94,6 +96,7 @@ def from_recording(path: str, fmt: str, spec: PolicySpec) -> Demand:
 
     recording = read_recording(path, fmt)
     tick = spec.tick_s
+    check_ticks(span_s=recording.end_s - recording.start_s, tick_s=tick, source=recording.source, error=RecordingError)
     rate, _ = demand_per_tick(recording, tick)
     times = recording.start_s + np.arange(len(rate)) * tick
     age = 2 * tick
@@ -139,10 +142,10 @@ def _looks_like_trace(path: Path) -> bool:
             return True
         files = sorted(path.glob("*.csv")) + sorted(path.glob("*.jsonl"))
         return len(files) == 1 and _looks_like_trace(files[0])
-    if path.suffix == ".csv":
-        with path.open() as handle:
-            return handle.readline().strip().startswith("TIMESTAMP")
+    if path.suffix == ".csv":  # bytes: a file that is not text is the reader's to report, with its line
+        with path.open("rb") as handle:
+            return handle.readline().strip().startswith(b"TIMESTAMP")
     if path.suffix == ".jsonl":
-        with path.open() as handle:
-            return '"input_length"' in handle.readline()
+        with path.open("rb") as handle:
+            return b'"input_length"' in handle.readline()
     return False

@@ -4,7 +4,8 @@ A recording (CSV, JSONL or Prometheus query_range export) is replayed open loop 
 tick) or simulated (the policy driving the simulated cluster on the recorded demand, against what actually
 ran); a trace is replayed on the simulated cluster. Either way the output is a timeline CSV and PNG in
 `--out`: the working directory's `replay-out` by default, or a fresh temporary folder when the working
-directory cannot be written (a read-only container)."""
+directory cannot be written (a read-only container). `--out` is checked before the run and the folder made
+only when there are results to write: bad input writes nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from autoscaler.config import load_policy_spec
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, RecordingError, TraceError
+from autoscaler.limits import check_ticks
 from autoscaler.replay import table
 from autoscaler.replay.output import write_csv, write_plot
 from autoscaler.replay.recording import read_recording
@@ -42,24 +44,35 @@ def _progress(total: int, label: str):
     return bar, bar.update
 
 
-def output_folder(requested: str | Path | None, default: str = DEFAULT_OUT) -> Path:
-    """`--out`, else ./<default>, else (the working directory is read-only) a new temporary folder."""
+def output_path(requested: str | Path | None, default: str = DEFAULT_OUT) -> Path:
+    """`--out`, else ./<default>, else (the working directory is read-only) a new temporary folder: checked
+    before the run (its nearest existing folder must be writable) and made only when results are written."""
     if requested is not None:
         out = Path(requested)
     elif os.access(".", os.W_OK):
         out = Path(default)
     else:
         out = Path(tempfile.mkdtemp(prefix=f"{default}-"))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the output folder: {exc.strerror}") from None
-    if not os.access(out, os.W_OK):
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out}: cannot create the output folder: {existing} is a file")
+    if not os.access(existing, os.W_OK):
         raise ConfigError(f"--out {out}: not writable")
     return out
 
 
+def output_folder(requested: str | Path | None, default: str = DEFAULT_OUT) -> Path:
+    """`output_path`, made."""
+    out = output_path(requested, default)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the output folder: {exc.strerror}") from None
+    return out
+
+
 def _write(out: Path, rows: list[dict], *, title: str, plot: bool) -> None:
+    out = output_folder(out)
     write_csv(out / "timeline.csv", rows)
     if plot:
         try:
@@ -72,12 +85,13 @@ def _write(out: Path, rows: list[dict], *, title: str, plot: bool) -> None:
 
 def replay(args: argparse.Namespace) -> int:
     spec = load_policy_spec(args.policy, tick_s=args.tick_s)
-    out = output_folder(args.out)
+    out = output_path(args.out)
     if args.format == "trace":
         return _replay_trace(args, spec, out)
     recording = read_recording(args.input, args.format)
     step = recording.step_s()
-    ticks = int((recording.end_s - recording.start_s) // spec.tick_s) + 1
+    ticks = check_ticks(span_s=recording.end_s - recording.start_s, tick_s=spec.tick_s, source=recording.source,
+                        error=RecordingError)
     print(
         f"recording {recording.source}: {len(recording.series)} signals, "
         f"{(recording.end_s - recording.start_s) / 3600:.2f} h, sampled every {step:.0f} s; "
@@ -164,6 +178,7 @@ def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
     config = sim_config_for(spec)
     mix = _mix(args.priority_mix, spec.classes)
     workload = build(read_trace(args.input), WorkloadConfig(server=config.server, classes=spec.classes, priority_mix=mix))
+    check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.input, error=TraceError)
     initial = initial_replicas(needed_replicas(workload, config), config)
     bar, update = _progress(ticks(workload, config.tick_s), "simulate")
     result = run(

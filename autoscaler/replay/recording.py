@@ -11,7 +11,8 @@ Accepted inputs (signal names are the fields of `policies.Signals`, plus cluster
 
 At tick t every signal takes its latest sample at or before t, with that sample's time, so a gap in the
 recording shows up to the policy as a stale signal, exactly as it would live. Bad input raises
-`RecordingError` naming the file, the line (or series) and the field.
+`RecordingError` naming the file, the line (or series) and the field: a file that is not UTF-8 text, and a
+recording spanning more than `autoscaler.limits.MAX_SPAN_S`, too.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.errors import RecordingError
-from autoscaler.times import parse_time
+from autoscaler.limits import check_span
+from autoscaler.promrange import number, query_range, time_of
+from autoscaler.textfile import lines, read_text
 from autoscaler.traces import iter_json_objects
 from policies.types import SAMPLE_SIGNALS, ClusterState, Sample, Signals
 
 CLUSTER_FIELDS = ("spec_replicas", "ready_replicas", "starting_replicas", "warm_slots_ready", "unschedulable_pods")
 PRIORITY_PREFIX = "arrival_rate_"  # arrival_rate_<priority>, e.g. arrival_rate_sheddable
 KNOWN = set(SAMPLE_SIGNALS) | set(CLUSTER_FIELDS)
-_COMBINE = {"p99_latency_s": max, "gpu_memory_headroom_ratio": min, "service_time_s": lambda v: sum(v) / len(v)}
 
 
 @dataclass
@@ -107,23 +109,6 @@ def _check_name(name: str, where: str) -> None:
         raise RecordingError(f"{where}: unknown signal {name!r}; known: {allowed}")
 
 
-def _float(text, where: str, field: str) -> float | None:
-    if text is None or (isinstance(text, str) and text.strip() == ""):
-        return None
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise RecordingError(f"{where}: field {field!r}: not a number: {text!r}") from None
-    return value  # NaN and Inf are kept: the policy reports them as unusable, never as zero
-
-
-def _time(text, where: str, field: str) -> float:
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise RecordingError(f"{where}: field {field!r}: {exc}") from None
-
-
 def _from_rows(source: str, rows) -> Recording:
     series: dict[str, tuple[list[float], list[float]]] = {}
     last_t = -math.inf
@@ -131,7 +116,7 @@ def _from_rows(source: str, rows) -> Recording:
         time_field = "t_s" if "t_s" in row else "timestamp"
         if time_field not in row:
             raise RecordingError(f"{where}: no time field (expected 't_s' or 'timestamp')")
-        t = _time(row[time_field], where, time_field)
+        t = time_of(row[time_field], where, time_field)
         if t < last_t:
             raise RecordingError(f"{where}: field {time_field!r}: time goes backwards ({t} < {last_t})")
         last_t = t
@@ -139,29 +124,33 @@ def _from_rows(source: str, rows) -> Recording:
             if name in ("t_s", "timestamp"):
                 continue
             _check_name(name, where)
-            value = _float(raw, where, name)
+            value = number(raw, where, name)
             if value is not None:
                 times, values = series.setdefault(name, ([], []))
                 times.append(t)
                 values.append(value)
     if not series:
         raise RecordingError(f"{source}: no samples")
-    return Recording(source, series)
+    return _checked(Recording(source, series))
+
+
+def _checked(recording: Recording) -> Recording:
+    check_span(start_s=recording.start_s, end_s=recording.end_s, source=recording.source, error=RecordingError)
+    return recording
 
 
 def read_csv(path: Path) -> Recording:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames:
-            raise RecordingError(f"{path}:1: empty file, expected a header")
+    reader = csv.DictReader(lines(path, RecordingError))
+    if not reader.fieldnames:
+        raise RecordingError(f"{path}:1: empty file, expected a header")
 
-        def rows():
-            for line, row in enumerate(reader, start=2):
-                if None in row:
-                    raise RecordingError(f"{path}:{line}: more fields than the header has")
-                yield f"{path}:{line}", row
+    def rows():
+        for line, row in enumerate(reader, start=2):
+            if None in row:
+                raise RecordingError(f"{path}:{line}: more fields than the header has")
+            yield f"{path}:{line}", row
 
-        return _from_rows(str(path), rows())
+    return _from_rows(str(path), rows())
 
 
 def read_jsonl(path: Path) -> Recording:
@@ -169,44 +158,17 @@ def read_jsonl(path: Path) -> Recording:
     return _from_rows(str(path), rows)
 
 
-def _query_range(name: str, body, where: str) -> tuple[list[float], list[float]]:
-    """One signal from a Prometheus query_range response; several series are combined."""
-    if not isinstance(body, dict) or body.get("status") != "success":
-        raise RecordingError(f"{where}: field 'status': expected a successful query_range response")
-    data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        raise RecordingError(f"{where}: field 'data.resultType': expected 'matrix' (a query_range result)")
-    result = data.get("result")
-    if not isinstance(result, list):
-        raise RecordingError(f"{where}: field 'data.result': expected a list of series")
-    merged: dict[float, list[float]] = {}
-    for index, series in enumerate(result):
-        values = series.get("values") if isinstance(series, dict) else None
-        if not isinstance(values, list):
-            raise RecordingError(f"{where}: series {index}: field 'values': expected [[time, \"value\"], ...]")
-        for point, pair in enumerate(values):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise RecordingError(f"{where}: series {index} point {point}: field 'values': expected [time, value]")
-            t = _time(pair[0], f"{where}: series {index} point {point}", "time")
-            v = _float(pair[1], f"{where}: series {index} point {point}", "value")
-            if v is not None:
-                merged.setdefault(t, []).append(v)
-    combine = _COMBINE.get(name, sum)
-    times = sorted(merged)
-    return times, [float(combine(merged[t])) for t in times]
-
-
 def read_prometheus(path: Path) -> Recording:
     bodies: dict[str, tuple[str, object]] = {}
     if path.is_dir():
         for file in sorted(path.glob("*.json")):
             try:
-                bodies[file.stem] = (str(file), json.loads(file.read_text()))
+                bodies[file.stem] = (str(file), json.loads(read_text(file, RecordingError)))
             except json.JSONDecodeError as exc:
                 raise RecordingError(f"{file}:{exc.lineno}: not JSON: {exc.msg}") from None
     else:
         try:
-            document = json.loads(path.read_text())
+            document = json.loads(read_text(path, RecordingError))
         except json.JSONDecodeError as exc:
             raise RecordingError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
         if not isinstance(document, dict):
@@ -215,12 +177,12 @@ def read_prometheus(path: Path) -> Recording:
     series = {}
     for name, (where, body) in bodies.items():
         _check_name(name, where)
-        times, values = _query_range(name, body, where)
+        times, values = query_range(name, body, where)
         if times:
             series[name] = (times, values)
     if not series:
         raise RecordingError(f"{path}: no samples in any signal")
-    return Recording(str(path), series)
+    return _checked(Recording(str(path), series))
 
 
 def read_recording(path: str | Path, fmt: str = "auto") -> Recording:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoscaler.errors import TraceError
+from autoscaler.limits import MAX_SIMULATED_REQUESTS
 from autoscaler.traces import RateTrace, RequestTrace
 from policies import PolicySpec
 
@@ -123,6 +125,9 @@ def request_workload(trace: RequestTrace, config: WorkloadConfig) -> RequestWork
     else:
         target = config.peak_replicas * server.concurrency * config.peak_utilization
         scale = target / max(_peak_busy_slots(trace.arrival_s, service, span), 1e-9)
+    if scale * len(service) > MAX_SIMULATED_REQUESTS:  # copies of the trace: memory and time grow with them
+        raise TraceError(f"trace {trace.name!r}: scaling by x{scale:.3g} makes {scale * len(service):.3g} requests, "
+                         f"more than the {MAX_SIMULATED_REQUESTS} a run may simulate; lower --scale or --peak-replicas")
     rng = np.random.default_rng(config.seed)
     arrivals, services, outputs = [], [], []
     copies = math.ceil(scale)
