@@ -1,17 +1,22 @@
-"""Stage 6: min/max, scale-up rate limit, scale-down stabilization.
+"""Stage 9, bounds: min/max, scale-up rate limit, scale-down stabilization, no scale-down on missing data.
 
 - scale-up: at most max(`scale_up_limit_replicas`, `scale_up_limit_ratio` x current) more per tick, like the
   HPA's default policies (4 pods or 100 % per period, the larger).
 - scale-down: to the highest recommendation within the stabilization window, which is never shorter than
   the current lead time: capacity released now could not come back before then. A fresh state counts the
   current replicas as a recommendation, so a (re)started controller never scales down on its first tick.
+- missing data: while a demand signal (queue, in-flight, arrival rate or counter) is dropped, the decision
+  may scale up, never down (`sanitize.blocks_scale_down`); every dropped signal is named.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from policies.spec import PolicySpec
+from policies.stages.sanitize import blocks_scale_down
+from policies.types import Tick
 
 
 def bound(
@@ -44,3 +49,17 @@ def bound(
         reasons.append(f"bounds: scale-up limited to {limit} this tick")
         result = limit
     return result, history, reasons
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The wanted replicas bounded; while a demand signal is missing, never below what runs. Names what
+    sanitize dropped."""
+    assert tick.clean is not None
+    replicas, recommendations, why = bound(spec, wanted=tick.replicas, current=tick.current,
+                                           recommendations=tick.state.recommendations, lead_s=tick.lead_s,
+                                           now=tick.now)
+    if blocks_scale_down(tick.clean.dropped) and replicas < tick.current:
+        replicas = tick.current
+        why.append("hold: not scaling down while demand signals are missing")
+    why += [f"dropped {d}" for d in tick.clean.dropped]
+    return replace(tick, replicas=replicas, state=replace(tick.state, recommendations=recommendations)).said(why)

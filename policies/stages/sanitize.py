@@ -1,4 +1,4 @@
-"""Stage 1: turn raw samples into trusted floats or None.
+"""Stage 1, sanitize: turn raw samples into trusted floats or None; without a usable cluster state, hold.
 
 A value that is NaN, negative, from the future or older than `max_signal_age_s` is dropped and named in
 `dropped`; it is never replaced by zero. A signal that was reported before and is absent now is dropped as
@@ -8,9 +8,10 @@ that tick's rate is unknown."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from policies.spec import PolicySpec
-from policies.types import SAMPLE_SIGNALS, Clean, Sample, Signals
+from policies.types import SAMPLE_SIGNALS, Clean, Sample, Signals, Tick
 
 # The samples cleaned one by one; the arrival rate and the counter are combined below.
 _FIELDS = tuple(name for name in SAMPLE_SIGNALS if name not in ("arrival_rate_per_s", "arrivals_total"))
@@ -109,3 +110,13 @@ def sanitize(
         **values,
     )
     return clean, last_counter
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The tick's signals cleaned, the counter and the signals seen remembered; no cluster state: hold."""
+    state = tick.state
+    clean, counter = sanitize(spec, tick.signals, state.last_counter, tick.now, state.seen)
+    state = replace(state, last_counter=counter, seen=state.seen | present(tick.signals))
+    current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
+    hold = "no usable cluster state" if clean.cluster is None else None
+    return replace(tick, state=state, clean=clean, current=current, hold=hold)
