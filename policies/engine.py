@@ -10,7 +10,9 @@ Safety rules:
   the decision is `valid=False` with replicas = current; actuators leave the cluster alone.
 - a demand signal (queue, in-flight, arrival rate or counter) missing, stale or reset: the decision may
   scale up, never down ("hold" reason). Auxiliary signals (p99, memory headroom, tokens, service time)
-  that are missing are named in the reasons and simply not used.
+  that are missing are named in the reasons and simply not used; so are implausible magnitudes
+  (`sanitize.PLAUSIBLE_MAX`): `decide` never raises, whatever float or count comes in.
+- a valid decision lies within [min_replicas, max_replicas], also when what runs is outside (bounds).
 """
 
 from __future__ import annotations
