@@ -52,17 +52,25 @@ def _value(
     if sample.value > PLAUSIBLE_MAX[name]:
         dropped.append(f"{name}: {sample.value:g} is implausible (above {PLAUSIBLE_MAX[name]:g})")
         return None
+    too_old = _too_old(name, sample.at_s, now, max_age_s)
+    if too_old:
+        dropped.append(too_old)
+        return None
     age = now - sample.at_s
-    if not math.isfinite(age):
-        dropped.append(f"{name}: sample time {sample.at_s!r} is not a time")
-        return None
-    if age > max_age_s:
-        dropped.append(f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)")
-        return None
     if age < -skew_s:
         dropped.append(f"{name}: sampled {-age:.0f} s in the future")
         return None
     return sample.value
+
+
+def _too_old(name: str, at_s: float, now: float, max_age_s: float) -> str | None:
+    """Why a sample taken at `at_s` is not usable at `now` for its age (None: it is)."""
+    age = now - at_s
+    if not math.isfinite(age):
+        return f"{name}: sample time {at_s!r} is not a time"
+    if age > max_age_s:
+        return f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)"
+    return None
 
 
 def counter_rate(
@@ -146,12 +154,9 @@ def _cluster(cluster: ClusterState | None, now: float, max_age_s: float, dropped
         if not 0 <= count <= MAX_REPLICA_COUNT:
             dropped.append(f"cluster: {name} {count} is not a replica count (0 .. {MAX_REPLICA_COUNT})")
             return None
-    age = now - cluster.at_s
-    if not math.isfinite(age):
-        dropped.append(f"cluster: sample time {cluster.at_s!r} is not a time")
-        return None
-    if age > max_age_s:
-        dropped.append(f"cluster: stale ({age:.0f} s old)")
+    too_old = _too_old("cluster", cluster.at_s, now, max_age_s)
+    if too_old:
+        dropped.append(too_old)
         return None
     unknown = {"oldest_unschedulable_s": 0.0, "gpus_held": 0.0, "gpu_cost_per_hour": None}
     bad = {name: default for name, default in unknown.items()
