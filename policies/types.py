@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +218,8 @@ class Tick:
     saturation_depths: Mapping[str, int] = field(default_factory=dict)  # shedding
     reasons: tuple[str, ...] = ()
 
-    def said(self, lines: Iterable[str]) -> "Tick":
-        """This tick with more reason lines."""
-        return replace(self, reasons=self.reasons + tuple(lines))
+    def then(self, lines: Iterable[str] = (), **changes: Any) -> "Tick":
+        """This tick with `changes` and more reason lines, in one copy (a copy costs a few microseconds:
+        one per stage, not two)."""
+        lines = tuple(lines)
+        return replace(self, reasons=self.reasons + lines, **changes) if lines else replace(self, **changes)

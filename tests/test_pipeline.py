@@ -94,4 +94,4 @@ def test_a_tick_is_frozen():
     tick = Tick(signals=Signals(), now=0.0, state=initial_state())
     with pytest.raises(AttributeError):
         tick.replicas = 3  # type: ignore[misc]
-    assert replace(tick, replicas=3).said(["x"]).reasons == ("x",)
+    assert tick.then(["x"], replicas=3) == replace(tick, replicas=3, reasons=("x",))

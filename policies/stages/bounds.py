@@ -78,4 +78,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         replicas = min(tick.current, spec.max_replicas)
         why.append("hold: not scaling down while demand signals are missing")
     why += [f"dropped {d}" for d in tick.clean.dropped]
-    return replace(tick, replicas=replicas, state=replace(tick.state, recommendations=recommendations)).said(why)
+    return tick.then(why, replicas=replicas, state=replace(tick.state, recommendations=recommendations))

@@ -16,8 +16,6 @@ E.g. a ClusterQueue with 16 nominal GPUs, 8 its cohort may lend and 8 used by ot
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.types import ClusterState, Tick
 
@@ -45,4 +43,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """Replicas, then warm slots, within the GPU budget."""
     assert tick.clean is not None and tick.clean.cluster is not None
     replicas, warm, capped, why = within_budget(tick.clean.cluster, replicas=tick.replicas, warm=tick.warm)
-    return replace(tick, replicas=replicas, warm=warm, capped=capped).said(why)
+    return tick.then(why, replicas=replicas, warm=warm, capped=capped)

@@ -12,8 +12,6 @@ ready replicas only). The replicas stay ordered, so they land as soon as capacit
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.types import ClusterState, Tick
 
@@ -39,4 +37,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """The ordered replicas no node can be made for, and why."""
     assert tick.clean is not None and tick.clean.cluster is not None
     stuck, why = unplaceable(spec, tick.clean.cluster, tick.node_s)
-    return replace(tick, unplaceable=stuck).said(why)
+    return tick.then(why, unplaceable=stuck)

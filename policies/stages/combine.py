@@ -55,5 +55,5 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     wanted, why = combine(reactive=tick.reactive, recent=recent, predictive=tick.predictive, window_s=window,
                           now=tick.now)
     if wanted is None:
-        return replace(tick, hold="nothing to size on")
-    return replace(tick, replicas=wanted, state=replace(tick.state, reactive_recent=recent)).said(why)
+        return tick.then(hold="nothing to size on")
+    return tick.then(why, replicas=wanted, state=replace(tick.state, reactive_recent=recent))

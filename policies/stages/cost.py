@@ -16,4 +16,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     if not cluster.gpus_held:
         return tick
     cost = f", {cluster.gpu_cost_per_hour:.2f} per hour" if cluster.gpu_cost_per_hour is not None else ""
-    return tick.said([f"cost: {cluster.gpus_held:g} GPUs held by replicas and warm slots{cost}"])
+    return tick.then([f"cost: {cluster.gpus_held:g} GPUs held by replicas and warm slots{cost}"])

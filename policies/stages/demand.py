@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.types import ForecastState, Tick
@@ -36,4 +34,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         )
     if refitted(fs, now):
         lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
-    return replace(tick, rising=fc.climb(spec, fs, tick.startup_s)).said(lines)
+    return tick.then(lines, rising=fc.climb(spec, fs, tick.startup_s))

@@ -41,4 +41,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     model_satisfied = cluster.ready_replicas >= (tick.state.last_replicas or cluster.spec_replicas)
     learned, why = slo_feedback(spec, tick.state.headroom_ratio, tick.clean, model_satisfied=model_satisfied)
     state = replace(tick.state, headroom_ratio=learned)
-    return replace(tick, state=state, sizing=spec.capacity_ratio * learned).said(why)
+    return tick.then(why, state=state, sizing=spec.capacity_ratio * learned)

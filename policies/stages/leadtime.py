@@ -11,8 +11,6 @@ Learned online from what the cluster shows:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
 
@@ -68,8 +66,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     startup = startup_s(spec, tick.state.startup_samples_s)
     node_s, node_why = node_provisioning_s(spec, tick.state.node_wait_samples_s)
     lead = lead_time_s(spec, startup, cluster.warm_slots_ready + cluster.idle_slots, node_s)
-    tick = replace(tick, startup_s=startup, node_s=node_s, lead_s=lead)
-    if lead <= startup:
-        return tick
-    return tick.said([f"lead time: start-up {startup:.0f} s + node provisioning {node_s:.0f} s ({node_why}); "
-                      f"no warm or idle slot free"])
+    lines = []
+    if lead > startup:
+        lines.append(f"lead time: start-up {startup:.0f} s + node provisioning {node_s:.0f} s ({node_why}); "
+                     f"no warm or idle slot free")
+    return tick.then(lines, startup_s=startup, node_s=node_s, lead_s=lead)

@@ -31,4 +31,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     hold = None
     if clean.arrival_rate_per_s is None and clean.in_flight is None:
         hold = "no demand signal (arrival rate and in-flight both unusable)"
-    return replace(tick, state=state, service_s=service_s or spec.initial_service_time_s, hold=hold)
+    return tick.then(state=state, service_s=service_s or spec.initial_service_time_s, hold=hold)

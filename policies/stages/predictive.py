@@ -12,8 +12,6 @@ E.g. 10 replicas for the forecast, a climb to 14 replicas' worth, 3 warm slots: 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
@@ -44,7 +42,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
             replicas += early
             lines.append(f"forecast: demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s; "
                          f"{early} replicas ordered now onto warm or idle slots")
-    return replace(tick, quantiles=quantiles, predicted=predicted, predictive=replicas).said(lines)
+    return tick.then(lines, quantiles=quantiles, predicted=predicted, predictive=replicas)
 
 
 def _early(spec: PolicySpec, tick: Tick, predictive: int) -> int:

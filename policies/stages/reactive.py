@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-
 from policies.queueing import servers_for
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
@@ -88,4 +86,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """Replicas for the load now, sized with the feedback's headroom."""
     assert tick.clean is not None
     replicas, why = reactive(spec, tick.clean, tick.service_s, tick.sizing)
-    return replace(tick, reactive=replicas).said(why)
+    return tick.then(why, reactive=replicas)

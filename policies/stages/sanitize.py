@@ -173,4 +173,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     state = replace(state, last_counter=counter, seen=state.seen | present(tick.signals))
     current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
     hold = "no usable cluster state" if clean.cluster is None else None
-    return replace(tick, state=state, clean=clean, current=current, hold=hold)
+    return tick.then(state=state, clean=clean, current=current, hold=hold)

@@ -88,4 +88,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     assert tick.clean is not None and tick.clean.cluster is not None
     shed, why = shed_levels(spec, tick.clean, tick.service_s)
     depths = saturation_depths(spec, tick.clean.cluster.ready_replicas, tick.service_s)
-    return replace(tick, shed=shed, saturation_depths=depths, state=replace(tick.state, shed=shed)).said(why)
+    return tick.then(why, shed=shed, saturation_depths=depths, state=replace(tick.state, shed=shed))

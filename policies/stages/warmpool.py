@@ -62,5 +62,5 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     warm, why = warm_slots(spec, replicas=tick.replicas, peak_replicas=peak_n, risk_replicas=risk_n,
                            risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=tick.clean.cluster.idle_slots)
     if tick.unplaceable:
-        return replace(tick, state=state, warm=0)
-    return replace(tick, state=state, warm=warm).said(why)
+        return tick.then(state=state, warm=0)
+    return tick.then(why, state=state, warm=warm)
