@@ -59,6 +59,8 @@ def test_stage_docstrings_are_numbered_from_the_tuple():
         wrong += mention_mismatches(names, path.name, path.read_text())
     wrong += mention_mismatches(names, "docs/stages.md", STAGES_DOC.read_text())
     assert wrong == []
+    numbered = re.findall(r"^    (\w+)\.stage,  # (\d+):", Path(engine.__file__).read_text(), re.MULTILINE)
+    assert [(name, int(n)) for name, n in numbered] == [(name, i) for i, name in enumerate(names, 1)]
 
 
 def test_the_checks_see_a_wrong_order_and_a_wrong_number():
