@@ -239,3 +239,51 @@ def test_a_gpu_budget_caps_replicas_and_warm_slots_and_sheds_by_priority(spec):
     d, _ = decide(insured, state, roomy, now)
     assert not d.capped_by_budget and d.replicas + d.warm_slots <= 8
     assert d.warm_slots == 8 - d.replicas  # the pool wanted more (see `free`), the budget left this much
+
+
+def test_an_implausible_reading_is_named_and_not_used_never_raised():
+    """1e16 req/s (a broken exporter or query) once raised ZeroDivisionError/OverflowError in the sizing."""
+    from policies import PolicySpec
+
+    cluster = ClusterState(spec_replicas=8, ready_replicas=8, at_s=0.0)
+    for rate in (1e16, 1.7e308):
+        for service in (None, Sample(1.0, 0.0)):
+            sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(rate, 0.0), service_time_s=service)
+            d, _ = decide(PolicySpec(), initial_state(), sig, 0.0)
+            assert not d.valid and d.replicas == 8  # nothing else to size on: hold
+            assert any(r.startswith("arrival_rate_per_s:") and "implausible" in r for r in d.reasons)
+    sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(10.0, 0.0), queue_depth=Sample(1e308, 0.0))
+    d, _ = decide(PolicySpec(), initial_state(), sig, 0.0)
+    assert d.valid and d.replicas == 8  # a demand signal dropped: never below what runs
+    assert any("queue_depth: 1e+308 is implausible" in r for r in d.reasons)
+    huge = ClusterState(spec_replicas=10**400, ready_replicas=10**400, at_s=0.0)
+    d, _ = decide(PolicySpec(), initial_state(), Signals(cluster=huge, arrival_rate_per_s=Sample(1.0, 0.0)), 0.0)
+    assert not d.valid and any("spec_replicas" in r and "not a replica count" in r for r in d.reasons)
+
+
+def test_replicas_running_above_max_are_brought_to_it_at_once_and_said_so():
+    """A controller started beside 100 replicas with max_replicas 64 held 100 for the stabilization window
+    (ten minutes) while the actuator clamped to 64: the decision and the action disagreed."""
+    from policies import PolicySpec
+
+    spec = PolicySpec(max_replicas=64)
+    state, replicas = initial_state(), 100
+    for i in range(40):  # ten minutes of 15-s ticks
+        now = i * 15.0
+        d, state = decide(spec, state, signals(now, rate=300.0, service=1.0, spec_replicas=replicas), now)
+        assert d.valid and d.replicas == 64
+        if i == 0:
+            assert any("100 running, above max_replicas: 64" in r for r in d.reasons)
+        replicas = d.replicas
+    # ...also while a demand signal is missing, which otherwise holds what runs
+    d, _ = decide(spec, initial_state(), signals(0.0, rate=300.0, queue=math.nan, spec_replicas=100), 0.0)
+    assert d.valid and d.replicas == 64
+
+
+def test_replicas_running_below_min_are_brought_to_it_at_once():
+    from policies import PolicySpec
+
+    spec = PolicySpec(min_replicas=10, max_replicas=64)
+    d, _ = decide(spec, initial_state(), signals(0.0, rate=1.0, service=1.0, spec_replicas=0), 0.0)
+    assert d.valid and d.replicas == 10  # not 4, the scale-up limit from 0
+    assert any("0 running, below min_replicas: 10" in r for r in d.reasons)

@@ -116,3 +116,91 @@ def test_never_scales_down_on_missing_nan_or_stale_data(ticks):
         if broken and d.valid:
             # below min_replicas the bounds stage scales up; otherwise never below what runs
             assert d.replicas >= min(sig.cluster.spec_replicas, SPEC.max_replicas)
+
+
+# The whole input space: every float (NaN, +-inf, subnormal, near 1e308, negative) and every int, for every
+# field of the signals and of the cluster state. A draw picks a few fields to take any value and gives the
+# rest plausible ones (or, one draw in eight, lets every field take any value): wholly random signals are
+# nearly always held at the first stage, and would leave the later stages untried.
+any_float = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 5e-324, 1e-310, 1e16, 1e300, 1.7976931348623157e308, -1e308]),
+)
+any_int = st.one_of(st.integers(), st.integers(min_value=-5, max_value=300), st.just(10**400))
+COUNTS = ("spec_replicas", "ready_replicas", "starting_replicas", "unschedulable_pods", "no_capacity_pods",
+          "warm_slots_ready", "idle_slots", "budget_replicas")
+CLUSTER_FLOATS = ("oldest_unschedulable_s", "gpus_held", "gpu_cost_per_hour", "at_s")
+SAMPLES = MEASURED + ("arrivals_total",)
+WILD = COUNTS + CLUSTER_FLOATS + ("startup_durations_s", "node_waits_s", "arrival_rate_by_priority") + tuple(
+    f"{name}.{part}" for name in SAMPLES for part in ("value", "at_s"))
+
+
+@st.composite
+def any_signals(draw, now: float = 0.0):
+    wild = set(WILD) if draw(st.integers(0, 7)) == 7 else draw(st.sets(st.sampled_from(WILD), max_size=3))
+
+    def choose(name, plausible, anything):
+        return anything if name in wild else plausible
+
+    def pick(name, plausible, anything):
+        return draw(choose(name, plausible, anything))
+
+    counts = {name: pick(name, st.integers(0, 64), any_int) for name in COUNTS}
+    counts["budget_replicas"] = draw(st.none()) if draw(st.booleans()) else counts["budget_replicas"]
+    floats = {name: pick(name, st.floats(0.0, 1e4), any_float) for name in CLUSTER_FLOATS}
+    floats["at_s"] = floats["at_s"] if "at_s" in wild else now
+    cluster = ClusterState(
+        **counts, **floats, no_capacity_reason="x", budget_reason="y",
+        startup_durations_s=tuple(draw(st.lists(choose("startup_durations_s", st.floats(1.0, 600.0), any_float),
+                                                max_size=3))),
+        node_waits_s=tuple(draw(st.lists(st.tuples(st.sampled_from(["a", "b"]),
+                                                   choose("node_waits_s", st.floats(1.0, 900.0), any_float)),
+                                         max_size=3))),
+    )
+
+    def sample(name):
+        if draw(st.integers(0, 4)) == 4:
+            return None
+        value = pick(f"{name}.value", st.floats(0.0, 1e4), any_float)
+        return Sample(value, pick(f"{name}.at_s", st.sampled_from([now, now - 5.0, now - 90.0]), any_float))
+
+    classes = st.sampled_from(["critical", "standard", "sheddable", "x"])
+    return Signals(
+        cluster=None if draw(st.integers(0, 19)) == 19 else cluster,
+        **{name: sample(name) for name in SAMPLES},
+        arrival_rate_by_priority=draw(st.dictionaries(
+            classes, choose("arrival_rate_by_priority", st.floats(0.0, 1e3), any_float), max_size=4)),
+    )
+
+
+def _sound(spec: PolicySpec, d) -> None:
+    """What every decision satisfies, whatever went in."""
+    if d.valid:
+        assert spec.min_replicas <= d.replicas <= spec.max_replicas or (d.capped_by_budget and d.replicas <= spec.max_replicas)
+        assert 0 <= d.warm_slots <= spec.max_warm_slots
+    assert all(0.0 <= level <= 1.0 for level in d.shed.values())
+    for x in (d.forecast_rate_per_s, d.forecast_upper_rate_per_s, d.lead_time_s, d.node_provisioning_s,
+              d.saturation_drain_per_s):
+        assert x is None or math.isfinite(x)
+
+
+# The defaults, the suite's spec, and one with every optional signal used and a forecast from the second tick.
+TOTAL_SPECS = (PolicySpec(), SPEC, PolicySpec(min_replicas=10, max_replicas=64, p99_latency_target_s=1.0,
+                                              target_tokens_per_s_per_replica=1000.0, forecast_bucket_s=15.0))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(TOTAL_SPECS), any_signals())
+def test_decide_is_total_over_the_whole_signal_space(spec, sig):
+    d, _ = decide(spec, initial_state(), sig, 0.0)
+    _sound(spec, d)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(TOTAL_SPECS), st.data())
+def test_decide_is_total_over_a_timeline(spec, data):
+    state = initial_state()
+    for i in range(data.draw(st.integers(min_value=2, max_value=8))):
+        now = 15.0 * i
+        d, state = decide(spec, state, data.draw(any_signals(now)), now)
+        _sound(spec, d)

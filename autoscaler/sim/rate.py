@@ -21,7 +21,10 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
   minute-long requests needs far longer than one tick to build, so a tick does not jump to the
   stationary wait; held load reaches it; with guard depths the guarded chain replaces M/M/c;
   (with a fluid backlog every slot is busy and the backlog is the queue: a request waits its drain);
-- SLO attainment of the tick's arrivals averages P(wait <= SLO) over the tick.
+- SLO attainment of the tick's arrivals averages P(wait <= SLO) over the tick;
+- the queue the policy reads is the backlog plus the M/M/c mean queue C_eff a / (c - a), never more than
+  the previous reading plus the tick's admitted arrivals (requests are conserved; near a = c the
+  stationary formula alone has no bound).
 This costs O(1) per tick, so 14 days at 15-s ticks simulate in seconds.
 """
 
@@ -222,6 +225,7 @@ class RateSim:
         wmid = sum(float(a.sum()) * w for a, w in waits) / admitted if admitted > 0 else 0.0
         self._mixture.append((admitted, min(wmid, 1e6), c_wait, theta))
 
+        queued_before = max(self.last[0], self.backlog)  # the queue reading the tick starts from
         self.backlog = b1
         if offered < slots and slots > 0:
             lq = c_wait * offered / (slots - offered)
@@ -230,7 +234,10 @@ class RateSim:
             lq, stochastic_p99 = 0.0, 0.0
         in_flight = float(slots) if b1 > 0 else min(float(slots), offered)
         p99 = min(b1 / mu + stochastic_p99, 1e6) if mu > 0 else 1e6
-        self.last = (b1 + lq, in_flight, p99)
+        # A queue holds only requests that arrived: at most what was queued before the tick plus the tick's
+        # admitted arrivals. The stationary C a / (c - a) has no such bound near saturation: with c - a ~ 1e-15
+        # after an overloaded tick (C ~ 1) it read 3.9e15 requests on a 14-day trace.
+        self.last = (min(b1 + lq, queued_before + max(0.0, admitted)), in_flight, p99)
 
     def _fluid(
         self, offered: np.ndarray, mu: float, dt: float, depth: np.ndarray

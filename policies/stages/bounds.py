@@ -1,17 +1,26 @@
-"""Stage 6: min/max, scale-up rate limit, scale-down stabilization.
+"""Stage 9, bounds: min/max, scale-up rate limit, scale-down stabilization, no scale-down on missing data.
 
 - scale-up: at most max(`scale_up_limit_replicas`, `scale_up_limit_ratio` x current) more per tick, like the
   HPA's default policies (4 pods or 100 % per period, the larger).
 - scale-down: to the highest recommendation within the stabilization window, which is never shorter than
   the current lead time: capacity released now could not come back before then. A fresh state counts the
   current replicas as a recommendation, so a (re)started controller never scales down on its first tick.
+- min/max hold over both: replicas running outside [min_replicas, max_replicas] (a controller started
+  beside 100 replicas with max 64, or beside none with min 10) are brought to the bound at once, as the
+  HPA does, with a reason. Stabilization would otherwise hold 100 for a window, the actuator clamp to 64,
+  and the log and the action disagree.
+- missing data: while a demand signal (queue, in-flight, arrival rate or counter) is dropped, the decision
+  may scale up, never down (`sanitize.blocks_scale_down`); every dropped signal is named.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from policies.spec import PolicySpec
+from policies.stages.sanitize import blocks_scale_down
+from policies.types import Tick
 
 
 def bound(
@@ -36,11 +45,37 @@ def bound(
     result = clamped
     if clamped < current:
         stabilized = min(current, max(r for _, r in history))
-        if stabilized > clamped:
-            reasons.append(f"bounds: holding {stabilized} (highest need in the last {window:.0f} s)")
+        held = min(stabilized, spec.max_replicas)  # what runs above max_replicas is not held (below)
+        if held > clamped:
+            reasons.append(f"bounds: holding {held} (highest need in the last {window:.0f} s)")
         result = stabilized
     limit = current + max(spec.scale_up_limit_replicas, math.ceil(spec.scale_up_limit_ratio * current))
     if result > limit:
         reasons.append(f"bounds: scale-up limited to {limit} this tick")
         result = limit
-    return result, history, reasons
+    return within_bounds(spec, result, current, reasons), history, reasons
+
+
+def within_bounds(spec: PolicySpec, replicas: int, current: int, reasons: list[str]) -> int:
+    """`replicas` within [min_replicas, max_replicas]; only ever moves them when what runs is outside."""
+    if replicas > spec.max_replicas:
+        reasons.append(f"bounds: {current} running, above max_replicas: {spec.max_replicas} now")
+        return spec.max_replicas
+    if replicas < spec.min_replicas:
+        reasons.append(f"bounds: {current} running, below min_replicas: {spec.min_replicas} now")
+        return spec.min_replicas
+    return replicas
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The wanted replicas bounded; while a demand signal is missing, never below what runs. Names what
+    sanitize dropped."""
+    assert tick.clean is not None
+    replicas, recommendations, why = bound(spec, wanted=tick.replicas, current=tick.current,
+                                           recommendations=tick.state.recommendations, lead_s=tick.lead_s,
+                                           now=tick.now)
+    if blocks_scale_down(tick.clean.dropped) and replicas < min(tick.current, spec.max_replicas):
+        replicas = min(tick.current, spec.max_replicas)
+        why.append("hold: not scaling down while demand signals are missing")
+    why += [f"dropped {d}" for d in tick.clean.dropped]
+    return tick.then(why, replicas=replicas, state=replace(tick.state, recommendations=recommendations))

@@ -1,4 +1,4 @@
-"""Stage 9b: never order more GPUs than the budget allows.
+"""Stage 12, budget: never order more GPUs than the budget allows.
 
 The shell turns every GPU budget that applies to the target into replicas of the target's shape and passes
 the smallest as `ClusterState.budget_replicas`, with the words that explain it (`budget_reason`): a cap in
@@ -16,7 +16,8 @@ E.g. a ClusterQueue with 16 nominal GPUs, 8 its cohort may lend and 8 used by ot
 
 from __future__ import annotations
 
-from policies.types import ClusterState
+from policies.spec import PolicySpec
+from policies.types import ClusterState, Tick
 
 
 def within_budget(cluster: ClusterState, *, replicas: int, warm: int) -> tuple[int, int, bool, list[str]]:
@@ -36,3 +37,10 @@ def within_budget(cluster: ClusterState, *, replicas: int, warm: int) -> tuple[i
         reasons.append(f"warm pool: {room} slots, not {warm}, within the GPU budget ({cluster.budget_reason})")
         warm = room
     return replicas, warm, capped, reasons
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Replicas, then warm slots, within the GPU budget."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    replicas, warm, capped, why = within_budget(tick.clean.cluster, replicas=tick.replicas, warm=tick.warm)
+    return tick.then(why, replicas=replicas, warm=warm, capped=capped)

@@ -1,4 +1,4 @@
-"""Replicas that were ordered but will not come: the node provisioner cannot place them.
+"""Stage 10, capacity: replicas that were ordered but will not come: the node provisioner cannot place them.
 
 A pod waiting for a node is normal while one is provisioned. It is not coming when the provisioner said so
 (`ClusterState.no_capacity_pods`: e.g. Karpenter's "all available instance types exceed limits for
@@ -13,7 +13,7 @@ ready replicas only). The replicas stay ordered, so they land as soon as capacit
 from __future__ import annotations
 
 from policies.spec import PolicySpec
-from policies.types import ClusterState
+from policies.types import ClusterState, Tick
 
 STUCK_LEAD_TIMES = 3.0
 
@@ -31,3 +31,10 @@ def unplaceable(spec: PolicySpec, cluster: ClusterState, node_s: float | None = 
            f"waiting for a node for {cluster.oldest_unschedulable_s:.0f} s, over {STUCK_LEAD_TIMES:g}x node provisioning")
     return count, [f"capacity: {count} replicas cannot get a node ({why}); not counted as capacity on the way, "
                    f"no warm slots kept, low priorities shed while they wait"]
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The ordered replicas no node can be made for, and why."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    stuck, why = unplaceable(spec, tick.clean.cluster, tick.node_s)
+    return tick.then(why, unplaceable=stuck)

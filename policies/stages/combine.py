@@ -1,4 +1,4 @@
-"""Stage 5: max(reactive, predictive), where reactive need above the forecast must be sustained.
+"""Stage 8, combine: max(reactive, predictive), where reactive need above the forecast must be sustained.
 
 A burst shorter than the cold-start window is over before a replica ordered for it could serve, so it is
 queued or shed, not provisioned: the reactive figure only counts at the level it has held for the
@@ -10,7 +10,10 @@ and shed; a five-minute ramp is a climb and is followed tick by tick."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policies.spec import PolicySpec
+from policies.types import Tick
 
 
 def confirm_window_s(spec: PolicySpec, startup_s: float, *, climbing: bool) -> float:
@@ -42,3 +45,15 @@ def combine(
     if reactive is not None and reactive > sustained:
         reasons.append(f"combine: burst to {reactive} not yet sustained {window_s:.0f} s; queue/shed")
     return sustained, reasons
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The replicas wanted, and the reactive figure remembered; neither figure: hold."""
+    window = confirm_window_s(spec, tick.startup_s, climbing=tick.rising is not None)
+    recent = remember_reactive(tick.state.reactive_recent, tick.reactive, tick.now,
+                               keep_s=max(window, tick.startup_s, spec.tick_s))
+    wanted, why = combine(reactive=tick.reactive, recent=recent, predictive=tick.predictive, window_s=window,
+                          now=tick.now)
+    if wanted is None:
+        return tick.then(hold="nothing to size on")
+    return tick.then(why, replicas=wanted, state=replace(tick.state, reactive_recent=recent))

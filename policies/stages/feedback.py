@@ -1,4 +1,4 @@
-"""SLO feedback: calibrate the queueing model against the latency users actually get.
+"""Stage 5, feedback: calibrate the queueing model against the latency users actually get.
 
 Erlang C sizes capacity as if arrivals were Poisson at the measured rate. Real traffic is burstier inside
 a tick (a client submits a batch at once), so the model's capacity can be right on average and still miss
@@ -12,8 +12,10 @@ workload's burstiness in minutes and forgets it over about an hour. E.g. five vi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policies.spec import PolicySpec
-from policies.types import Clean
+from policies.types import Clean, Tick
 
 
 def slo_feedback(
@@ -28,3 +30,15 @@ def slo_feedback(
     if p99 < 0.5 * target and headroom > 1.0:
         return max(1.0, headroom * (1 - spec.slo_feedback_decay_ratio)), []
     return headroom, []
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The sizing headroom learned from p99, and what capacity is sized for (`capacity_ratio` x headroom)."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    cluster = tick.clean.cluster
+    # A miss while capacity the policy already ordered is still landing says it was late, which more
+    # headroom would not fix; a miss with its own last decision ready says the sizing was wrong.
+    model_satisfied = cluster.ready_replicas >= (tick.state.last_replicas or cluster.spec_replicas)
+    learned, why = slo_feedback(spec, tick.state.headroom_ratio, tick.clean, model_satisfied=model_satisfied)
+    state = replace(tick.state, headroom_ratio=learned)
+    return tick.then(why, state=state, sizing=spec.capacity_ratio * learned)

@@ -1,4 +1,4 @@
-"""Stage 4: forecast demand (arrival rate) at now + lead time, with an upper bound.
+"""The forecaster (stages demand, predictive and warmpool): demand (arrival rate) ahead, with an upper bound.
 
 History is kept as `forecast_bucket_s` means (5 min by default). The model depends on how much history
 exists:

@@ -1,4 +1,4 @@
-"""Stage 3: how long until a replica ordered now serves traffic.
+"""Stage 3, leadtime: how long until a replica ordered now serves traffic.
 
 Learned online from what the cluster shows:
 - start-up: a high percentile (`startup_percentile`) of the most recent pod placement -> Ready durations;
@@ -12,7 +12,7 @@ Learned online from what the cluster shows:
 from __future__ import annotations
 
 from policies.spec import PolicySpec
-from policies.types import Clean
+from policies.types import Clean, Tick
 
 _MAX_S = 86400.0  # a duration beyond a day is a clock or API error, not a sample
 
@@ -57,3 +57,17 @@ def node_provisioning_s(spec: PolicySpec, samples: tuple[tuple[str, float], ...]
 
 def lead_time_s(spec: PolicySpec, startup: float, free_slots: int, node_s: float | None = None) -> float:
     return startup + (0.0 if free_slots > 0 else (spec.node_provisioning_s if node_s is None else node_s))
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Start-up, node provisioning and the lead time from what `learn` remembered; a line when no slot is free."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    cluster = tick.clean.cluster
+    startup = startup_s(spec, tick.state.startup_samples_s)
+    node_s, node_why = node_provisioning_s(spec, tick.state.node_wait_samples_s)
+    lead = lead_time_s(spec, startup, cluster.warm_slots_ready + cluster.idle_slots, node_s)
+    lines = []
+    if lead > startup:
+        lines.append(f"lead time: start-up {startup:.0f} s + node provisioning {node_s:.0f} s ({node_why}); "
+                     f"no warm or idle slot free")
+    return tick.then(lines, startup_s=startup, node_s=node_s, lead_s=lead)

@@ -1,4 +1,4 @@
-"""Stage 2: replicas needed for what is happening now, the max over signals (the HPA multi-metric rule).
+"""Stage 6, reactive: replicas needed for what is happening now, the max over signals (the HPA multi-metric rule).
 
 - demand: Erlang C slots for the measured arrival rate at the learned service time, plus slots to drain
   the current queue within the SLO (q requests x E[S] / SLO). E.g. 30 req/s x 2 s = 60 busy slots; for a
@@ -12,10 +12,9 @@
 from __future__ import annotations
 
 import math
-
 from policies.queueing import servers_for
 from policies.spec import PolicySpec
-from policies.types import Clean
+from policies.types import Clean, Tick
 
 
 MIN_SERVICE_S, MAX_SERVICE_S = 1e-3, 3600.0  # plausible slot time of one request
@@ -81,3 +80,10 @@ def reactive(
         return None, []
     replicas, why = max(needs, key=lambda n: n[0])
     return replicas, [f"reactive: {replicas} replicas for {why}"]
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Replicas for the load now, sized with the feedback's headroom."""
+    assert tick.clean is not None
+    replicas, why = reactive(spec, tick.clean, tick.service_s, tick.sizing)
+    return tick.then(why, reactive=replicas)

@@ -1,19 +1,44 @@
-"""Stage 1: turn raw samples into trusted floats or None.
+"""Stage 1, sanitize: turn raw samples into trusted floats or None; without a usable cluster state, hold.
 
 A value that is NaN, negative, from the future or older than `max_signal_age_s` is dropped and named in
 `dropped`; it is never replaced by zero. A signal that was reported before and is absent now is dropped as
 missing too (a query that suddenly returns nothing); one never reported is simply not configured. A raw request counter that went down was reset (pod restart):
-that tick's rate is unknown."""
+that tick's rate is unknown.
+
+Implausible magnitudes are dropped and named the same way (`PLAUSIBLE_MAX`): a reading beyond what any
+single model deployment could see is a broken exporter, query or unit, not demand, and sizing on it
+would only order `max_replicas` (or, at 1e16 req/s, overflow the queueing model). The cluster state is
+dropped (the decision holds) when a replica count is negative or over `MAX_REPLICA_COUNT`, or its sample
+time is not a finite time; its auxiliary floats (how long a pod has waited, GPUs held and their price)
+that are not finite and non-negative are named and read as unknown. With these bounds every later stage
+works on finite numbers of bounded size: `decide` is total (tests/test_properties.py)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from policies.spec import PolicySpec
-from policies.types import SAMPLE_SIGNALS, Clean, Sample, Signals
+from policies.types import SAMPLE_SIGNALS, Clean, ClusterState, Sample, Signals, Tick
 
 # The samples cleaned one by one; the arrival rate and the counter are combined below.
 _FIELDS = tuple(name for name in SAMPLE_SIGNALS if name not in ("arrival_rate_per_s", "arrivals_total"))
+# The largest plausible reading of each signal. 10 million requests/s (and 100 million waiting or running)
+# is about ten times what the largest public inference fleets serve in all; a day is longer than any request
+# or latency a controller sizes for; headroom is a ratio. Rates per priority class share the rate's bound.
+MAX_RATE_PER_S = 1e7
+PLAUSIBLE_MAX = {
+    "queue_depth": 1e8,
+    "in_flight": 1e8,
+    "p99_latency_s": 86400.0,
+    "gpu_memory_headroom_ratio": 1.0,
+    "token_rate_per_s": 1e10,
+    "arrival_rate_per_s": MAX_RATE_PER_S,
+    "service_time_s": 86400.0,
+}
+MAX_REPLICA_COUNT = 1_000_000  # replicas, pods or slots of one target
+_COUNTS = ("spec_replicas", "ready_replicas", "starting_replicas", "unschedulable_pods", "no_capacity_pods",
+           "warm_slots_ready", "idle_slots")
 
 
 def _value(
@@ -24,14 +49,28 @@ def _value(
     if not math.isfinite(sample.value) or sample.value < 0:
         dropped.append(f"{name}: not a finite non-negative number ({sample.value!r})")
         return None
-    age = now - sample.at_s
-    if age > max_age_s:
-        dropped.append(f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)")
+    if sample.value > PLAUSIBLE_MAX[name]:
+        dropped.append(f"{name}: {sample.value:g} is implausible (above {PLAUSIBLE_MAX[name]:g})")
         return None
+    too_old = _too_old(name, sample.at_s, now, max_age_s)
+    if too_old:
+        dropped.append(too_old)
+        return None
+    age = now - sample.at_s
     if age < -skew_s:
         dropped.append(f"{name}: sampled {-age:.0f} s in the future")
         return None
     return sample.value
+
+
+def _too_old(name: str, at_s: float, now: float, max_age_s: float) -> str | None:
+    """Why a sample taken at `at_s` is not usable at `now` for its age (None: it is)."""
+    age = now - at_s
+    if not math.isfinite(age):
+        return f"{name}: sample time {at_s!r} is not a time"
+    if age > max_age_s:
+        return f"{name}: stale ({age:.0f} s old > {max_age_s:.0f} s)"
+    return None
 
 
 def counter_rate(
@@ -82,25 +121,20 @@ def sanitize(
         dropped.append("arrivals_total: stale or not finite")
         counter = None
     derived, last_counter = counter_rate(counter, last_counter, dropped)
+    if derived is not None and not derived <= MAX_RATE_PER_S:
+        dropped.append(f"arrivals_total: its rate {derived:g} req/s is implausible (above {MAX_RATE_PER_S:g})")
+        derived = None
     if rate is None:
         rate = derived
     if values["service_time_s"] == 0.0:
         values["service_time_s"] = None  # no completions in the window: unknown, not instant
-    headroom = values["gpu_memory_headroom_ratio"]
-    if headroom is not None and headroom > 1.0:
-        dropped.append(f"gpu_memory_headroom_ratio: {headroom} is above 1")
-        values["gpu_memory_headroom_ratio"] = None
-    cluster = signals.cluster
-    if cluster is not None:
-        if min(cluster.spec_replicas, cluster.ready_replicas, cluster.starting_replicas) < 0:
-            dropped.append("cluster: negative replica count")
-            cluster = None
-        elif now - cluster.at_s > age:
-            dropped.append(f"cluster: stale ({now - cluster.at_s:.0f} s old)")
-            cluster = None
-    by_priority = {
-        k: v for k, v in signals.arrival_rate_by_priority.items() if math.isfinite(v) and v >= 0
-    }
+    by_priority = {}
+    for name, value in signals.arrival_rate_by_priority.items():
+        if math.isfinite(value) and 0 <= value <= MAX_RATE_PER_S:
+            by_priority[name] = value
+        elif not math.isnan(value):  # NaN: no arrivals of the class in the window
+            dropped.append(f"arrival_rate_by_priority[{name}]: {value!r} is not a plausible rate")
+    cluster = _cluster(signals.cluster, now, age, dropped)
     clean = Clean(
         cluster=cluster,
         arrival_rate_per_s=rate,
@@ -109,3 +143,34 @@ def sanitize(
         **values,
     )
     return clean, last_counter
+
+
+def _cluster(cluster: ClusterState | None, now: float, max_age_s: float, dropped: list[str]) -> ClusterState | None:
+    """The cluster state if its counts and time are usable (None otherwise), its auxiliary floats checked."""
+    if cluster is None:
+        return None
+    for name in _COUNTS:
+        count = getattr(cluster, name)
+        if not 0 <= count <= MAX_REPLICA_COUNT:
+            dropped.append(f"cluster: {name} {count} is not a replica count (0 .. {MAX_REPLICA_COUNT})")
+            return None
+    too_old = _too_old("cluster", cluster.at_s, now, max_age_s)
+    if too_old:
+        dropped.append(too_old)
+        return None
+    unknown = {"oldest_unschedulable_s": 0.0, "gpus_held": 0.0, "gpu_cost_per_hour": None}
+    bad = {name: default for name, default in unknown.items()
+           if (value := getattr(cluster, name)) is not None and not (math.isfinite(value) and value >= 0)}
+    for name in bad:
+        dropped.append(f"cluster.{name}: {getattr(cluster, name)!r} is not a finite non-negative number")
+    return replace(cluster, **bad) if bad else cluster
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The tick's signals cleaned, the counter and the signals seen remembered; no cluster state: hold."""
+    state = tick.state
+    clean, counter = sanitize(spec, tick.signals, state.last_counter, tick.now, state.seen)
+    state = replace(state, last_counter=counter, seen=state.seen | present(tick.signals))
+    current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
+    hold = "no usable cluster state" if clean.cluster is None else None
+    return tick.then(state=state, clean=clean, current=current, hold=hold)

@@ -1,4 +1,4 @@
-"""Stage 8: reject the lowest priorities when ready capacity cannot meet the SLO before new capacity lands.
+"""Stage 13, shedding: reject the lowest priorities when ready capacity cannot meet the SLO before new capacity lands.
 
 Demand is the arrival rate plus the rate needed to drain the queue within the SLO; capacity is the arrival
 rate that ready slots serve with P(wait > SLO) <= `shed_miss_ratio`. The excess is taken from the lowest
@@ -20,10 +20,11 @@ requests, standard at ~1463.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from policies.queueing import rate_within_slo
 from policies.spec import PolicySpec
-from policies.types import Clean
+from policies.types import Clean, Tick
 
 SHED_MISS_RATIO = 0.01
 
@@ -80,3 +81,11 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[
         excess -= fraction * class_rate
         reasons.append(f"shedding: {fraction:.0%} of {name} ({demand:.1f} req/s demand > {capacity:.1f} ready)")
     return levels, reasons
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Shed levels (remembered: an invalid decision keeps them) and the saturation guard's depths."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    shed, why = shed_levels(spec, tick.clean, tick.service_s)
+    depths = saturation_depths(spec, tick.clean.cluster.ready_replicas, tick.service_s)
+    return tick.then(why, shed=shed, saturation_depths=depths, state=replace(tick.state, shed=shed))

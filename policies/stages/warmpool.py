@@ -1,4 +1,4 @@
-"""Stage 7: how many free, ready GPU slots (placeholder pods) to keep.
+"""Stage 11, warmpool: how many free, ready GPU slots (placeholder pods) to keep.
 
 A replica that lands on a warm slot serves after its start-up time; one that needs a new node waits for
 node provisioning too. The pool is insurance, sized for two risks beyond the replicas already decided:
@@ -12,7 +12,13 @@ Free capacity that already exists (idle node slots) counts against the pool; the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
+from policies.stages import forecast as fc
+from policies.stages.growth import growth_risk
+from policies.types import Tick
 
 
 def warm_slots(
@@ -36,3 +42,25 @@ def warm_slots(
     idle = f", less {idle_slots} idle node slots" if idle_slots else ""
     capped = " (capped)" if growth - idle_slots > room else ""
     return slots, [f"warm pool: {slots} slots{capped} beyond {replicas} replicas for {why}{idle}"]
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Warm slots for the forecast peak within start-up + node provisioning and for the growth risk (computed
+    once per forecast bucket); none while replicas cannot be placed (a placeholder would take their GPUs)."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    state, fs, sizing, service_s = tick.state, tick.state.forecast, tick.sizing, tick.service_s
+    peak = fc.forecast(spec, fs, now=tick.now, start_s=0.0, end_s=tick.startup_s + tick.node_s,
+                       quantiles=tick.quantiles)
+    peak_n = replicas_for_rate(spec, peak[1] * sizing, service_s) if peak else None
+    if state.growth_risk is None or state.growth_risk_for_s != fs.bucket_start_s:
+        state = replace(state, growth_risk=growth_risk(spec, fs, tick.now, tick.node_s),
+                        growth_risk_for_s=fs.bucket_start_s)
+    assert state.growth_risk is not None
+    risk, risk_why = state.growth_risk
+    level = fc.level_now(fs, tick.clean.arrival_rate_per_s)
+    risk_n = replicas_for_rate(spec, level * (1.0 + risk) * sizing, service_s) if level > 0 else None
+    warm, why = warm_slots(spec, replicas=tick.replicas, peak_replicas=peak_n, risk_replicas=risk_n,
+                           risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=tick.clean.cluster.idle_slots)
+    if tick.unplaceable:
+        return tick.then(state=state, warm=0)
+    return tick.then(why, state=state, warm=warm)

@@ -1,0 +1,37 @@
+"""Stage 4, demand: what the forecaster (`forecast.py`) saw of demand this tick.
+
+- an ingress outage it holds (an abrupt, implausible drop to ~zero arrivals: not learned, so the forecast,
+  and the capacity sized on it, holds for up to `outage_hold_s`), named in the reasons;
+- a statsmodels refit on this tick (the expensive tick), named and flagged in `Decision.refitted`;
+- a steady climb (`forecast.climb`): the rate it reaches within one pod start-up, which the predictive
+  stage orders early and the combine stage follows at once (a climb is demand, not a burst).
+"""
+
+from __future__ import annotations
+
+from policies.spec import PolicySpec
+from policies.stages import forecast as fc
+from policies.types import ForecastState, Tick
+
+REFIT_REASON = "forecast: refitted"
+
+
+def refitted(fs: ForecastState, now: float) -> bool:
+    """Whether statsmodels fitted the model on the tick at `now`."""
+    return fs.fitted_at_s == now and fs.kind in ("holt", "holt-winters")
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """Outage and refit lines; the climb's rate at the end of one start-up, if demand climbs steadily."""
+    assert tick.clean is not None
+    fs, now = tick.state.forecast, tick.now
+    lines = []
+    if fc.outage_held(spec, fs, now):
+        lines.append(
+            f"forecast: arrivals {tick.clean.arrival_rate_per_s or 0:.1f} req/s, far below the expected "
+            f"{fc.point(fs, 1):.1f}: treated as an ingress outage since "
+            f"{now - fs.outage_since_s:.0f} s (held up to {spec.outage_hold_s:.0f} s)"
+        )
+    if refitted(fs, now):
+        lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
+    return tick.then(lines, rising=fc.climb(spec, fs, tick.startup_s))

@@ -1,0 +1,54 @@
+"""Stage 7, predictive: replicas for the upper forecast at now + lead time, and early orders on a climb.
+
+The forecaster (`forecast.py`) gives the demand at the lead time with an upper bound (its burst envelope,
+where a burst seen once is cut to its protected share until it recurs); the upper bound, times the
+feedback's headroom, is sized like every rate (`sizing.replicas_for_rate`). While demand climbs steadily
+(stage 4, demand), what the climb needs by the end of one start-up is ordered now, as far as warm and idle slots
+(capacity already paid for) can take it, so it is ready when the demand is; without a free slot such a
+replica would land after node provisioning too, and the combine stage follows the climb tick by tick.
+E.g. 10 replicas for the forecast, a climb to 14 replicas' worth, 3 warm slots: 3 ordered now, 13 in all.
+"""
+
+from __future__ import annotations
+
+import math
+from policies.sizing import replicas_for_rate
+from policies.spec import PolicySpec
+from policies.stages import forecast as fc
+from policies.stages.shedding import protected_share
+from policies.types import Tick
+
+
+def stage(spec: PolicySpec, tick: Tick) -> Tick:
+    """The envelope used, the forecast at the lead time and the replicas for it (with early orders)."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    fs, sizing = tick.state.forecast, tick.sizing
+    quantiles, why = fc.recurring_only(fs, fc.envelope(spec, fs),
+                                       gap_ticks=max(1, math.ceil(tick.startup_s / spec.tick_s)),
+                                       protected_share=protected_share(spec, tick.clean.arrival_rate_by_priority),
+                                       climbing=tick.rising is not None)
+    lines = [why] if why else []
+    predicted = fc.forecast(spec, fs, now=tick.now, start_s=tick.lead_s, end_s=tick.lead_s + spec.tick_s,
+                            quantiles=quantiles)
+    replicas = None
+    if predicted is not None:
+        replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
+        lines.append(
+            f"predictive: {replicas} replicas for upper forecast {predicted[1]:.1f} req/s "
+            f"(mean {predicted[0]:.1f}, {fs.kind}, headroom {sizing:.2f}) at +{tick.lead_s:.0f} s"
+        )
+        early = _early(spec, tick, replicas)
+        if early > 0:
+            replicas += early
+            lines.append(f"forecast: demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s; "
+                         f"{early} replicas ordered now onto warm or idle slots")
+    return tick.then(lines, quantiles=quantiles, predicted=predicted, predictive=replicas)
+
+
+def _early(spec: PolicySpec, tick: Tick, predictive: int) -> int:
+    """Replicas the climb needs beyond `predictive`, within the free warm and idle slots (0: none)."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    free = tick.clean.cluster.warm_slots_ready + tick.clean.cluster.idle_slots
+    if tick.rising is None or not free:
+        return 0
+    return min(free, replicas_for_rate(spec, tick.rising * tick.sizing, tick.service_s) - predictive)

@@ -1,0 +1,99 @@
+"""The stage order is written once, in `policies.engine.STAGES`: docs/stages.md and the stage modules'
+docstrings are numbered from it, and `decide` is a fold over it."""
+
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import policies
+from policies import ClusterState, PolicySpec, Sample, Signals, engine, initial_state
+from policies.types import Tick
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES_DOC = ROOT / "docs" / "stages.md"
+ENTRY = re.compile(r"^(\d+)\. \*\*(\w+)\*\*", re.MULTILINE)
+MENTION = re.compile(r"\bstage (\d+)(\w*)(?:, (\w+))?", re.IGNORECASE)
+
+
+def stage_names(stages) -> list[str]:
+    """A stage is the function `stage` of its module; its name is the module's."""
+    return [fn.__module__.rsplit(".", 1)[1] for fn in stages]
+
+
+def doc_mismatches(names: list[str], doc: str) -> list[str]:
+    entries = [(int(n), name) for n, name in ENTRY.findall(doc)]
+    expected = list(enumerate(names, 1))
+    return [] if entries == expected else [f"docs/stages.md lists {entries}, the tuple is {expected}"]
+
+
+def mention_mismatches(names: list[str], where: str, text: str) -> list[str]:
+    """Every "stage N" in the text must read "stage N, <name of the N-th stage>"."""
+    wrong = []
+    for m in MENTION.finditer(text):
+        n, suffix, name = int(m.group(1)), m.group(2), m.group(3)
+        if suffix or not 1 <= n <= len(names) or name != names[n - 1]:
+            wrong.append(f"{where}: {m.group(0)!r} (stage {n} is {names[n - 1] if 1 <= n <= len(names) else 'none'})")
+    return wrong
+
+
+def test_every_stage_is_the_stage_function_of_its_own_module():
+    names = stage_names(engine.STAGES)
+    assert all(fn.__name__ == "stage" for fn in engine.STAGES)
+    assert len(set(names)) == len(names)
+
+
+def test_docs_list_the_stages_in_the_tuple_order():
+    assert doc_mismatches(stage_names(engine.STAGES), STAGES_DOC.read_text()) == []
+
+
+def test_stage_docstrings_are_numbered_from_the_tuple():
+    names = stage_names(engine.STAGES)
+    for i, fn in enumerate(engine.STAGES, 1):
+        doc = sys.modules[fn.__module__].__doc__ or ""
+        assert doc.startswith(f"Stage {i}, {names[i - 1]}:"), (fn.__module__, doc.splitlines()[:1])
+    wrong = []
+    for path in sorted(Path(policies.__file__).parent.rglob("*.py")):
+        wrong += mention_mismatches(names, path.name, path.read_text())
+    wrong += mention_mismatches(names, "docs/stages.md", STAGES_DOC.read_text())
+    assert wrong == []
+    numbered = re.findall(r"^    (\w+)\.stage,  # (\d+):", Path(engine.__file__).read_text(), re.MULTILINE)
+    assert [(name, int(n)) for name, n in numbered] == [(name, i) for i, name in enumerate(names, 1)]
+
+
+def test_the_checks_see_a_wrong_order_and_a_wrong_number():
+    names = stage_names(engine.STAGES)
+    swapped = [names[1], names[0]] + names[2:]
+    assert doc_mismatches(swapped, STAGES_DOC.read_text())
+    assert mention_mismatches(names, "x", f"Stage 2, {names[0]}: ...")
+    assert mention_mismatches(names, "x", "Stage 9b: never order more")
+    assert not mention_mismatches(names, "x", f"(stage 3, {names[2]})")
+
+
+def test_decide_folds_over_the_tuple_and_a_hold_ends_it(monkeypatch):
+    order = [s.__module__ for s in engine.STAGES]
+    seen = []
+
+    def spy(stage):
+        def run(spec, tick):
+            seen.append(stage.__module__)
+            return stage(spec, tick)
+        return run
+
+    monkeypatch.setattr(engine, "STAGES", tuple(spy(s) for s in engine.STAGES))
+    cluster = ClusterState(spec_replicas=4, ready_replicas=4, at_s=0.0)
+    rate = Sample(10.0, 0.0)
+    d, _ = engine.decide(PolicySpec(), initial_state(), Signals(cluster=cluster, arrival_rate_per_s=rate), 0.0)
+    assert d.valid and seen == order
+    seen.clear()
+    d, _ = engine.decide(PolicySpec(), initial_state(), Signals(cluster=cluster), 0.0)  # no demand signal
+    assert not d.valid and seen == order[:2] and seen[-1].endswith(".learn")
+
+
+def test_a_tick_is_frozen():
+    tick = Tick(signals=Signals(), now=0.0, state=initial_state())
+    with pytest.raises(AttributeError):
+        tick.replicas = 3  # type: ignore[misc]
+    assert tick.then(["x"], replicas=3) == replace(tick, replicas=3, reasons=("x",))
