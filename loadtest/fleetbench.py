@@ -134,7 +134,7 @@ class Model:
 
     def holding(self) -> int:
         c = self.cluster
-        return (len(c.pods) - len(c.unplaced) + c.warm_slots) * c.model.gpus_per_replica
+        return (c.placed + c.warm_slots) * c.model.gpus_per_replica
 
 
 def load(members: list[Member], *, hours: float | None, peak_replicas: int, tick_s: float, slo_s: float,
@@ -214,7 +214,7 @@ def _decide(m: Model, signals, now: float) -> Decision:
 
 
 def _demand(m: Model, decision: Decision, signals) -> ModelDemand:
-    held = decision if decision.valid else Decision(replicas=len(m.cluster.pods), shed=m.shed)
+    held = decision if decision.valid else Decision(replicas=m.cluster.replicas, shed=m.shed)
     return ModelDemand(name=m.name, demand_replicas=class_demand(held, signals.arrival_rate_by_priority, CLASSES),
                        tier=m.tier, weight=m.weight, warm_slots=decision.warm_slots if decision.valid else 0,
                        lead_time_s=decision.lead_time_s, sheddable=SHEDDABLE, shed=dict(held.shed))
@@ -280,8 +280,8 @@ def _apply(models: list[Model], targets: dict[str, tuple], decisions: dict[str, 
     # scale-downs first (they free nodes), then first come first served: the model whose pods have waited
     # longest for the limit goes first
     def order(m: Model) -> tuple:
-        wanted = targets[m.name][0] if m.name in targets else len(m.cluster.pods)
-        return wanted >= len(m.cluster.pods), m.waiting_since_s, m.name
+        wanted = targets[m.name][0] if m.name in targets else m.cluster.replicas
+        return wanted >= m.cluster.replicas, m.waiting_since_s, m.name
 
     for m in sorted(models, key=order):
         if m.name not in targets:
@@ -337,27 +337,24 @@ def _share_free_nodes(m: Model, replicas: int, models: list[Model], *, warm_too:
     """One node pool for the fleet: replicas `m` adds beyond its own free slots land on another model's idle
     node (freed, not yet removed) and, when warm capacity is pooled, on another model's ready placeholder,
     as the scheduler would place a pending pod; the pool is refilled behind it by the next decision. Each
-    simulated cluster keeps its own lists, so the entry moves (with its times: the donor's idle or warm
-    time is billed to `m` when it is taken; the fleet's totals are exact)."""
+    model has its own simulated cluster, so the node moves to `m`'s (`SimCluster.borrow`, with its times:
+    the donor's idle or warm time is billed to `m`; the fleet's totals are exact)."""
     c = m.cluster
-    short = replicas - len(c.pods) - len(c.warm_ready) - len(c.idle)
+    short = replicas - c.replicas - c.ready_room()
     for other in models:
         if short <= 0:
             return
-        if other is m or other.cluster.model.gpus_per_replica != c.model.gpus_per_replica:
+        if other is m or other.cluster.model.shape != c.model.shape:
             continue
-        while short > 0 and other.cluster.idle:
-            c.idle.append(other.cluster.idle.pop())
-            short -= 1
-        while warm_too and short > 0 and other.cluster.warm_ready:
-            c.warm_ready.append(other.cluster.warm_ready.pop())
-            short -= 1
+        for warm in (False, True) if warm_too else (False,):
+            while short > 0 and (slots := c.borrow(other.cluster, warm=warm)):
+                short -= slots
 
 
 def _first_come(m: Model, replicas: int, free_gpus: int, now: float) -> int:
     """The replicas a per-model policy gets under the limit: what it holds plus what is free; the rest wait
     (not created: a pod over the limit would hold nothing) and go first once GPUs free up."""
-    held = len(m.cluster.pods)
+    held = m.cluster.replicas
     allowed = held + max(0, free_gpus) // m.cluster.model.gpus_per_replica
     if replicas <= allowed:
         m.waiting_since_s = math.inf

@@ -447,6 +447,73 @@ def test_a_slot_freed_before_its_node_arrives_takes_a_replica_on_the_nodes_arriv
     assert cluster.pods[-1].ready_s == pytest.approx(400.0) and len(cluster.nodes) == 1
 
 
+def _advance(clusters, now: float) -> None:
+    for c in clusters:
+        c.advance(now)
+
+
+def test_a_borrowed_idle_node_takes_a_replica_after_start_up_and_the_bill_is_the_one_pool_s():
+    """One node pool over two clusters: a's node emptied at 50 is borrowed by b at 100, whose replica is Ready
+    at 200 (start-up only, no node provisioning). b bills the node from its request, its idle time included,
+    so a and b together bill exactly what one cluster doing both models' scaling bills."""
+    a, b = (SimCluster.started(_shape(1, 1), replicas=n, now=0.0) for n in (2, 0))
+    one = SimCluster.started(_shape(1, 1), replicas=2, now=0.0)
+    _advance((a, b, one), 50.0)
+    a.scale_to(1)
+    one.scale_to(1)
+    _advance((a, b, one), 100.0)
+    assert b.ready_room() == 0
+    assert b.borrow(a, warm=False) == 1 and b.borrow(a, warm=False) == 0  # a's other node holds a replica
+    assert (a.ready_room(), b.ready_room(), len(a.nodes), len(b.nodes)) == (0, 1, 1, 1)
+    b.scale_to(1)
+    one.scale_to(2)
+    assert b.pods[-1].ready_s == pytest.approx(200.0) == one.pods[-1].ready_s
+    _advance((a, b, one), 1000.0)
+    costs = [c.finish() for c in (a, b, one)]
+    assert costs[1].idle_s == pytest.approx(50.0) and costs[1].node_s == pytest.approx(1000.0)
+    for name in ("warming_s", "serving_s", "warm_pool_s", "idle_s", "spare_s", "node_s"):
+        assert getattr(costs[0], name) + getattr(costs[1], name) == pytest.approx(getattr(costs[2], name)), name
+
+
+def test_a_borrowed_placeholder_node_is_taken_by_the_borrower_s_replica_and_billed_to_it():
+    """A placeholder's node is lent once it has arrived (300), not while it is provisioned; it moves with its
+    placeholder, which the borrower's next replica preempts: Ready after start-up, warm time billed to b."""
+    a, b = (SimCluster.started(_shape(1, 1), replicas=0, now=0.0) for _ in range(2))
+    a.warm_to(1)
+    _advance((a, b), 100.0)
+    assert b.borrow(a, warm=True) == 0  # its node is still being provisioned
+    _advance((a, b), 400.0)
+    assert b.borrow(a, warm=False) == 0  # not empty: it holds a placeholder
+    assert b.borrow(a, warm=True) == 1
+    assert (a.warm_slots, b.warm_slots, b.state().warm_slots_ready) == (0, 1, 1)
+    b.scale_to(1)
+    assert b.pods[-1].ready_s == pytest.approx(500.0) and b.warm_slots == 0
+    _advance((a, b), 1000.0)
+    costs_a, costs_b = a.finish(), b.finish()
+    assert costs_b.warm_pool_s == pytest.approx(400.0) and costs_b.node_s == pytest.approx(1000.0)
+    assert costs_a.warm_pool_s == costs_a.node_s == 0.0
+
+
+def test_a_borrowed_node_keeps_the_nodes_in_order_of_request():
+    """b's own placeholder waits for a node requested at 1000; the node it borrows at 1100 was requested at 0.
+    Kept in order of request, the placeholder still counts as not ready (appended last, the count of arrived
+    slots would stop at the old node and call it ready)."""
+    a, b = (SimCluster.started(_shape(1, 1), replicas=n, now=0.0) for n in (1, 0))
+    _advance((a, b), 1000.0)
+    a.scale_to(0)
+    b.warm_to(1)
+    _advance((a, b), 1100.0)
+    assert b.borrow(a, warm=False) == 1
+    state = b.state()
+    assert (b.ready_room(), state.warm_slots_ready, state.idle_slots) == (1, 0, 1)
+
+
+def test_borrowing_a_node_of_another_shape_is_an_error():
+    a, b = SimCluster.started(_shape(4, 8), replicas=0, now=0.0), SimCluster.started(_shape(1, 1), replicas=0, now=0.0)
+    with pytest.raises(ValueError, match="not of this cluster's shape"):
+        b.borrow(a, warm=False)
+
+
 @pytest.mark.parametrize("shape,words", [
     (dict(gpus_per_replica=0), "gpus_per_replica = 0"),
     (dict(gpus_per_node=0), "gpus_per_node = 0"),

@@ -26,6 +26,10 @@ as the scheduler would place that Pending pod.
 GPU cost, in slot-seconds: replicas from creation (warming) to removal (serving), placeholders from request
 to removal or preemption (warm pool), free slots of empty nodes (idle) and of nodes in use (spare); node
 seconds from request to removal. Node-seconds x k = warming + serving + warm pool + idle + spare.
+
+Several clusters (one per model) act as one node pool through `borrow`: a cluster takes another's arrived
+node that holds no replica (an empty one, or one holding only ready placeholders) with its times, and bills
+all of it, from its request on, as its own, so the clusters' summed bill is the pool's.
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ class ClusterModel:
         if self.gpus_per_replica > self.gpus_per_node:
             raise ValueError(f"gpus_per_replica = {self.gpus_per_replica} is more than gpus_per_node = "
                              f"{self.gpus_per_node}: a replica must fit on one node")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(GPUs per replica, GPUs per node): clusters of one shape can share nodes."""
+        return self.gpus_per_replica, self.gpus_per_node
 
     @property
     def replicas_per_node(self) -> int:
@@ -166,6 +175,10 @@ class _Pod:
 
 def _ready_key(pod: _Pod) -> float:
     return pod.ready_s
+
+
+def _created_key(node: _Node) -> float:
+    return node.created_s
 
 
 def _remove_this(items: list, item: object) -> None:
@@ -296,12 +309,16 @@ class SimCluster:
     def warm_slots(self) -> int:
         return self._placeholders
 
+    @property
+    def placed(self) -> int:
+        """Replicas with a node, arrived or being provisioned: those that hold GPUs (not the unplaced)."""
+        return len(self.pods) - len(self.unplaced)
+
     def _arrived_slots(self) -> tuple[int, int]:
         """(warm slots, free slots) on the nodes that have arrived: all of them, less those on nodes still being
         provisioned, which are among the last requested (every tick observes this; a fleet has hundreds of nodes)."""
         k, now = self.model.replicas_per_node, self.now
-        placed = len(self.pods) - len(self.unplaced)
-        warm, free = self._placeholders, k * len(self.nodes) - placed - self._placeholders
+        warm, free = self._placeholders, k * len(self.nodes) - self.placed - self._placeholders
         surely_arrived_s = now - self.model.node_provisioning_s * (1 + self.model.node_jitter_ratio) - 1.0
         for n in reversed(self.nodes):  # in order of request, the latest first
             if n.created_s < surely_arrived_s:
@@ -433,6 +450,40 @@ class SimCluster:
             self.costs.warm_pool_s += self.now - node.placeholders.pop()
             self._placeholders -= 1
             self._vacated(node)
+
+    # -- one node pool over several clusters -----------------------------------------------------------------
+    def ready_room(self) -> int:
+        """Slots a new replica can start on now without waiting for a node: ready placeholders and free slots of
+        arrived nodes, which `scale_to` fills before it waits for one."""
+        return sum(self._arrived_slots())
+
+    def borrow(self, lender: "SimCluster", *, warm: bool) -> int:
+        """Move one arrived node that holds no replica from `lender` (a cluster of the same shape) to this one, as
+        the scheduler would place a pending pod of this cluster's model on another model's node: an empty node,
+        the last emptied (`warm` False), or one holding only ready placeholders, the newest (`warm` True).
+        Returns the replica slots it brings, 0 if the lender has no such node.
+
+        The node moves with its times (its request, its free slots billed up to `settled_s`, its placeholders'
+        creation), so this cluster bills what it cost before and after the move: the lender's idle or warm
+        time goes to the borrower, and the sum over the clusters is exact. The list of nodes stays in order of
+        request, which `_arrived_slots` relies on."""
+        if lender.model.shape != self.model.shape:
+            raise ValueError(f"borrow: the lender's nodes {lender.model.shape} are not of this cluster's shape "
+                             f"{self.model.shape} (GPUs per replica, per node)")
+        now = self.now
+        if warm:
+            nodes = [n for n in lender.nodes if n.placeholders and not n.pods and n.ready_s <= now]
+            node = max(nodes, key=lambda n: n.placeholders[-1], default=None)
+        else:
+            nodes = [n for n in lender.nodes if not n.used and n.ready_s <= now]
+            node = max(nodes, key=lambda n: n.empty_since, default=None)
+        if node is None:
+            return 0
+        lender.nodes.remove(node)
+        lender._placeholders -= len(node.placeholders)
+        bisect.insort(self.nodes, node, key=_created_key)
+        self._placeholders += len(node.placeholders)
+        return self.model.replicas_per_node
 
     def finish(self) -> Costs:
         """Stop the clock: replicas and placeholders billed up to now, every node to now or its expiry."""
