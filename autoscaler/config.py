@@ -64,7 +64,7 @@ class Target(_Strict):
     name: str = Field(min_length=1)
 
 
-class PrometheusSource(_Strict):
+class PrometheusConfig(_Strict):
     url: HttpUrl | None = Field(None, description="Base URL; unset (null) disables PromQL signals.")
     timeout_s: float = Field(3.0, gt=0, le=60)
     selector: str = Field("", description="Label matchers put into every preset query, e.g. namespace=\"llm\".")
@@ -81,7 +81,7 @@ class PrometheusSource(_Strict):
         return value
 
 
-class ScrapeSource(_Strict):
+class ScrapeConfig(_Strict):
     enabled: bool = False
     port: int = Field(8000, ge=1, le=65535)
     path: str = "/metrics"
@@ -127,7 +127,7 @@ class Capacity(_Strict):
         return self
 
 
-class Admission(_Strict):
+class AdmissionConfig(_Strict):
     enabled: bool = True
     port: int = Field(8081, ge=1, le=65535)
     priority_header: str = "x-request-priority"
@@ -223,12 +223,12 @@ class Settings(BaseSettings):
         4, ge=2, le=1000, description="A decision older than this many policy.tick_s is stale: KEDA gets UNAVAILABLE, "
         "the admission endpoint admits. At least 2: a healthy loop's latest decision is up to ~1.8 ticks old."
     )
-    prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
-    scrape: ScrapeSource = Field(default_factory=ScrapeSource)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     warm_pool: WarmPool = Field(default_factory=WarmPool)
     capacity: Capacity = Field(default_factory=Capacity)
-    admission: Admission = Field(default_factory=Admission)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     keda: Keda = Field(default_factory=Keda)
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
 

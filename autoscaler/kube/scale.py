@@ -5,9 +5,10 @@ Optimistic concurrency: the write carries the resourceVersion that was read, so 
 policy's bounds before anything is written; nothing is written for an invalid decision or when the
 target already has that many replicas.
 
-Before a scale-down of a Deployment, once per `scale` call, the `DeletionOrder` (`deletion.py`) marks which
-pods should go (pods not on a node, then those on the least-used nodes, then the least busy); it never
-raises and is bounded in time, so the scale write goes ahead whatever becomes of the marks. A StatefulSet
+Before a scale-down of a Deployment, once per `scale` call, a `DeletionMarker` (in production the
+`DeletionOrder` of `deletion.py`) marks which pods should go (pods not on a node, then those on the
+least-used nodes, then the least busy); it never raises and is bounded in time, so the scale write goes
+ahead whatever becomes of the marks. A StatefulSet
 removes its highest ordinal whatever its pods say, so its pods are not marked."""
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from typing import Protocol
 from autoscaler.kube.client import Kube, with_backoff
 
 
-class DeletionOrder(Protocol):
+class DeletionMarker(Protocol):
+    """Marks the pods a scale-down of `selector` should remove first; never raises, bounded in time."""
+
     async def before_scale_down(self, selector: str) -> object: ...
 
 
 class ScaleActuator:
     def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, min_replicas: int, max_replicas: int,
-                 deletion: DeletionOrder | None = None):
+                 deletion: DeletionMarker | None = None):
         """`deletion`: marks the pods a scale-down should remove (ignored for a StatefulSet)."""
         self.kube = kube
         self.namespace, self.kind, self.name = namespace, kind, name

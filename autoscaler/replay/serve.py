@@ -22,7 +22,7 @@ from typing import Callable
 from aiohttp import web
 
 from autoscaler.board import DecisionBoard, Published
-from autoscaler.config import Admission as AdmissionSettings
+from autoscaler.config import AdmissionConfig
 from autoscaler.config import Keda as KedaSettings
 from autoscaler.config import load_policy_spec
 from autoscaler.errors import ConfigError
@@ -63,7 +63,7 @@ async def publish_ticks(recording: Recording, spec: PolicySpec, board: DecisionB
 async def _start_admission(board: DecisionBoard, spec: PolicySpec, *, host: str, port: int) -> web.AppRunner:
     from autoscaler.admission import Admission
 
-    defaults = AdmissionSettings()
+    defaults = AdmissionConfig()
     admission = Admission(board, priorities=spec.priorities, header=defaults.priority_header,
                           default_class=defaults.default_priority, retry_after_s=defaults.retry_after_s)
     runner = web.AppRunner(admission.app(), access_log=None)
