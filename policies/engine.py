@@ -25,13 +25,13 @@ from policies.spec import PolicySpec
 from policies.stages import (
     bounds,
     budget,
-    capacity,
     combine,
     cost,
     demand,
     feedback,
     leadtime,
     learn,
+    placement,
     predictive,
     reactive,
     sanitize,
@@ -54,7 +54,7 @@ STAGES: tuple[Stage, ...] = (
     predictive.stage,  # 7: replicas for the upper forecast at the lead time, early orders on a climb
     combine.stage,  # 8: max(sustained reactive, predictive); neither: hold
     bounds.stage,  # 9: min/max, rate limit, stabilization, no scale-down on missing data
-    capacity.stage,  # 10: ordered replicas no node can be made for
+    placement.stage,  # 10: ordered replicas no node can be made for
     warmpool.stage,  # 11: warm slots for the forecast peak and the growth risk
     budget.stage,  # 12: replicas and warm slots within the GPU budget
     shedding.stage,  # 13: shed levels and the saturation guard

@@ -177,7 +177,7 @@ class Decision:
     node_provisioning_s: float | None = None
     # True on the tick the forecaster was refitted by statsmodels (the expensive tick), for profiling.
     refitted: bool = False
-    # Ordered replicas the node provisioner cannot place (see stages/capacity.py).
+    # Ordered replicas the node provisioner cannot place (see stages/placement.py).
     unplaceable_replicas: int = 0
     # The GPU budget held the replicas below what demand asked for (see stages/budget.py).
     capped_by_budget: bool = False
@@ -211,7 +211,7 @@ class Tick:
     predicted: tuple[float, float] | None = None  # predictive: (point, upper) forecast at the lead time
     predictive: int | None = None  # predictive
     replicas: int = 0  # combine, then bounds and budget
-    unplaceable: int = 0  # capacity
+    unplaceable: int = 0  # placement
     warm: int = 0  # warmpool, then budget
     capped: bool = False  # budget
     shed: Mapping[str, float] = field(default_factory=dict)  # shedding

@@ -383,7 +383,7 @@ def test_on_off_traffic_is_never_an_outage():
 
 def test_replicas_that_cannot_get_a_node_are_named_and_the_warm_pool_yields():
     from policies import ClusterState
-    from policies.stages.capacity import unplaceable
+    from policies.stages.placement import unplaceable
 
     spec = PolicySpec(node_provisioning_s=300.0)
     told = ClusterState(spec_replicas=12, ready_replicas=9, unschedulable_pods=3, no_capacity_pods=2,

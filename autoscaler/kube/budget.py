@@ -9,7 +9,7 @@ Three budgets, each in GPUs of the replica's GPU resource; the smallest that app
   `borrowingLimit`), less what other workloads of the ClusterQueue use (its `status.flavorsUsage` less
   this target's admitted pods). E.g. 16 nominal + 8 lendable - 8 used by others = 16 GPUs: 4 replicas
   of 4 GPUs. Other ClusterQueues borrowing from the same cohort are not subtracted (the quota can be
-  smaller when they do; Kueue then keeps the extra pods gated, and the capacity stage sees them wait).
+  smaller when they do; Kueue then keeps the extra pods gated, and the placement stage sees them wait).
 A budget that applies but cannot be read (the LocalQueue or ClusterQueue missing, the API failing) is an
 error: the tick holds, the cluster is left as it is. Reading ClusterQueues needs a ClusterRole.
 """

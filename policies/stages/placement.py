@@ -1,4 +1,4 @@
-"""Stage 10, capacity: replicas that were ordered but will not come: the node provisioner cannot place them.
+"""Stage 10, placement: replicas that were ordered but will not come: the node provisioner cannot place them.
 
 A pod waiting for a node is normal while one is provisioned. It is not coming when the provisioner said so
 (`ClusterState.no_capacity_pods`: e.g. Karpenter's "all available instance types exceed limits for
@@ -29,6 +29,7 @@ def unplaceable(spec: PolicySpec, cluster: ClusterState, node_s: float | None = 
         return 0, []
     why = (cluster.no_capacity_reason if said else
            f"waiting for a node for {cluster.oldest_unschedulable_s:.0f} s, over {STUCK_LEAD_TIMES:g}x node provisioning")
+    # The line starts "capacity:" (the Event's message and the replay table pick it out by that prefix).
     return count, [f"capacity: {count} replicas cannot get a node ({why}); not counted as capacity on the way, "
                    f"no warm slots kept, low priorities shed while they wait"]
 
