@@ -25,6 +25,7 @@ from autoscaler.board import DecisionBoard, Published
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
 from autoscaler.errors import EdgeError
+from autoscaler.kube.warmpool import WarmPool
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import QueryResult
 from policies import SAMPLE_SIGNALS, ClusterState, Decision, Sample, Signals, decide, initial_state
@@ -47,10 +48,6 @@ class ClusterSource(Protocol):
 
 class Scaler(Protocol):
     async def scale(self, replicas: int) -> tuple[int, int] | None: ...
-
-
-class WarmSlots(Protocol):
-    async def ensure(self, template: Any, slots: int) -> None: ...
 
 
 class EventSink(Protocol):
@@ -90,7 +87,7 @@ class Controller:
     board: DecisionBoard
     metrics: ControllerMetrics
     scaler: Scaler | None = None
-    warm_pool: WarmSlots | None = None
+    warm_pool: WarmPool | None = None
     events: EventSink | None = None
     priorities: PriorityCounter | None = None
     is_leader: Callable[[], bool] = lambda: True

@@ -40,7 +40,7 @@ from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
-from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
+from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool, WarmPool
 from autoscaler.loop import Controller, PriorityCounter
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.presets import SCRAPE
@@ -191,7 +191,7 @@ def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession
     return sources
 
 
-def build_warm_pool(settings: Settings, kube: Kube):
+def build_warm_pool(settings: Settings, kube: Kube) -> WarmPool | None:
     """The warm pool backend the config names (None when the warm pool is off)."""
     pool, target = settings.warm_pool, settings.target
     if not pool.enabled:
@@ -204,7 +204,7 @@ def build_warm_pool(settings: Settings, kube: Kube):
                            pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots)
 
 
-def build_cluster_reader(settings: Settings, kube: Kube, warm_pool) -> ClusterReader:
+def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | None) -> ClusterReader:
     """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets)."""
     target, capacity = settings.target, settings.capacity
     budget = BudgetReader(kube, namespace=target.namespace, max_gpus=capacity.max_gpus,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
+from autoscaler.kube.pods import pod_facts
 from loadtest.fakeserver import FakeModelServer, RunningServer
 
 # The upstream list may not be empty: a server that refuses connections stands in while no pod is Ready.
@@ -46,10 +47,8 @@ class PodView:
 
 
 def pod_view(pod) -> PodView:
-    conditions = (pod.status.conditions or []) if pod.status else []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-    return PodView(pod.metadata.name, pod.status.pod_ip if pod.status else None, ready,
-                   pod.metadata.deletion_timestamp is not None)
+    facts = pod_facts(pod)
+    return PodView(facts.name, facts.ip, facts.ready, facts.deleting)
 
 
 class Fleet:

@@ -155,25 +155,16 @@ def test_a_conflict_retries_the_scale_write_not_the_marks():
 def pod(name, node, *, gpus=1, cost=None, ready=True, ip=None):
     return NS(
         metadata=NS(name=name, deletion_timestamp=None, annotations={ANNOTATION: cost} if cost else {}),
-        spec={"node_name": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
+        spec=NS(node_name=node, containers=[{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]),
         status=NS(phase="Running" if node else "Pending", pod_ip=ip,
                   conditions=[NS(type="Ready", status="True" if ready else "False")]),
     )
-
-
-class Spec(dict):
-    """A pod spec that reads as a dict (for the effective requests) and as an object (node_name)."""
-
-    def __getattr__(self, name):
-        return self.get(name)
 
 
 class FakeCore:
     def __init__(self, pods, *, patch_error=None, node_error=None, hang=False):
         self.pods, self.patch_error, self.node_error, self.hang = pods, patch_error, node_error, hang
         self.patched = {}
-        for p in pods:
-            p.spec = Spec(p.spec)
 
     async def list_namespaced_pod(self, namespace, label_selector=None):
         if self.hang:

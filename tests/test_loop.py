@@ -52,11 +52,16 @@ class Scaler:
 
 
 class Warm:
+    name = "model-warm-pool"
+
     def __init__(self):
         self.calls = []
 
     async def ensure(self, template, slots):
         self.calls.append(slots)
+
+    async def ready(self):
+        return 0
 
 
 class Events:

@@ -8,6 +8,7 @@ from types import SimpleNamespace as NS
 from autoscaler.errors import PermanentError, TransientError
 from autoscaler.kube import nodewaits
 from autoscaler.kube.nodewaits import NodeWaits
+from autoscaler.kube.pods import pod_facts
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
@@ -36,7 +37,7 @@ class FakeKube:
 
 
 def learn(waits: NodeWaits, pods):
-    return asyncio.run(waits.learn(pods))
+    return asyncio.run(waits.learn([pod_facts(p) for p in pods]))
 
 
 def test_a_node_read_that_fails_for_now_is_tried_again_and_a_forbidden_one_never():

@@ -15,15 +15,27 @@
   node type, which the policy learns for its lead time;
 - with a capacity model (`capacity.py`, `budget.py`): idle replica-shaped slots on existing nodes, and the
   replicas the GPU budget allows, with its reason.
+
+A pod is read once (`pods.pod_facts`). After the target and its pods, the readers that need only those (the
+warm pool's ready slots, the provisioners' Events, the nodes' room, the budget) run concurrently, inside the
+one deadline of the tick, into one frozen `CapacityReading`. Each keeps its own way with errors: the nodes'
+reader takes an error as no idle slot; an error of the warm pool, the Events or the budget fails the read
+(the tick holds), and when several fail, the first in that order is raised. Node waits come last: they skip
+the pods a provisioner could not place, and are learned only once the other readers succeeded, so a failed
+read does not use up their samples.
 """
 
 from __future__ import annotations
 
-from autoscaler.kube.budget import BudgetReader
-from autoscaler.kube.capacity import NodeReader, replica_shape
+import asyncio
+from dataclasses import dataclass
+
+from autoscaler.kube.budget import Budget, BudgetReader
+from autoscaler.kube.capacity import NodeReader, NodeRoom, replica_shape
 from autoscaler.kube.client import Kube, object_time
 from autoscaler.kube.nodewaits import NodeWaits
-from autoscaler.kube.warmpool import WARM_POOL_LABEL
+from autoscaler.kube.pods import PodFacts, pod_facts
+from autoscaler.kube.warmpool import WARM_POOL_LABEL, WarmPool
 from policies.types import ClusterState
 
 SCHEDULER = "default-scheduler"
@@ -42,12 +54,41 @@ def label_selector(match_labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
+@dataclass(frozen=True)
+class CapacityReading:
+    """What the capacity readers found in one read: ready warm slots, the waiting pods a provisioner said it
+    cannot place (by name) and what it said, the room on the nodes and the GPU budget (None: not read)."""
+
+    warm_slots_ready: int = 0
+    stuck: frozenset[str] = frozenset()
+    stuck_reason: str = ""
+    room: NodeRoom | None = None
+    budget: Budget | None = None
+
+
+async def _first_error_raised(*coros):
+    """The results of `coros`, run concurrently; the first error in the given order is raised once all ended."""
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def startup_s(pod: PodFacts) -> float | None:
+    """A Ready pod's start-up: from its placement on a node to Ready (image pull, weight load, warm-up). A pod
+    that first waited for a node must not count that wait twice (the policy adds node provisioning itself
+    when no warm slot is free)."""
+    began, became = pod.began_s, pod.ready_s
+    return became - began if began is not None and became is not None and became >= began else None
+
+
 class ClusterReader:
-    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool=None,
+    def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool: WarmPool | None = None,
                  nodes: NodeReader | None = None, budget: BudgetReader | None = None,
                  gpu_resource: str | None = None) -> None:
-        """`warm_pool`: the warm pool backend (its `ready()` counts ready slots), or None; `nodes`, `budget`:
-        the capacity model's readers (None: no idle slots counted, no budget)."""
+        """`warm_pool`: the warm pool backend, or None; `nodes`, `budget`: the capacity model's readers (None:
+        no idle slots counted, no budget)."""
         self.kube = kube
         self.namespace, self.kind, self.name = namespace, kind, name
         self.warm_pool = warm_pool
@@ -64,6 +105,8 @@ class ClusterReader:
 
     async def _no_capacity(self, waiting: dict[str, float | None], now: float) -> tuple[set[str], str]:
         """Which of the waiting pods a provisioner said it cannot place (recently), and what it said."""
+        if not waiting:
+            return set(), ""
         events = await self.kube.call(
             f"list events {self.namespace}", self.kube.core.list_namespaced_event, self.namespace,
             field_selector="involvedObject.kind=Pod",
@@ -82,7 +125,7 @@ class ClusterReader:
 
     def _ours(self, uids: set[str]):
         """Whether a pod is one of the target's (by uid) or one of its warm placeholders."""
-        pool = getattr(self.warm_pool, "name", None)
+        pool = self.warm_pool.name if self.warm_pool is not None else None
 
         def ours(pod) -> bool:
             labels = pod.metadata.labels or {}
@@ -96,57 +139,67 @@ class ClusterReader:
             self._template = (await self._workload()).spec.template
         return self._template
 
+    def _startups(self, pods: list[PodFacts]) -> list[float]:
+        """Start-ups of the pods that became Ready since the last read, each pod once; pods already Ready at
+        the first read (a restarted controller) give their start-up back too."""
+        durations = []
+        for pod in pods:
+            if pod.ready and pod.uid not in self._reported:
+                self._reported.add(pod.uid)
+                duration = startup_s(pod)
+                if duration is not None:
+                    durations.append(duration)
+        self._reported &= {pod.uid for pod in pods}
+        return durations
+
+    async def _capacity(self, workload, listed: list, waiting: dict[str, float | None], now: float) -> CapacityReading:
+        """The capacity readers, concurrently (see the module docstring)."""
+        template = workload.spec.template
+        shape = replica_shape(template, self.gpu_resource)
+        seen = {p.metadata.uid for p in listed}
+
+        async def nothing():
+            return None
+
+        warm, (stuck, why), room, budget = await _first_error_raised(
+            self.warm_pool.ready() if self.warm_pool is not None else nothing(),
+            self._no_capacity(waiting, now),
+            self.nodes.room(template, shape, self._ours(seen), self.namespace) if self.nodes else nothing(),
+            self.budget.read(workload, shape, listed) if self.budget else nothing(),
+        )
+        return CapacityReading(warm_slots_ready=warm or 0, stuck=frozenset(stuck), stuck_reason=why, room=room,
+                               budget=budget)
+
     async def read(self, now: float) -> ClusterState:
         workload = await self._workload()
         self._template = workload.spec.template
         spec_replicas = workload.spec.replicas if workload.spec.replicas is not None else 1
         ready = (workload.status.ready_replicas or 0) if workload.status else 0
         selector = label_selector(workload.spec.selector.match_labels or {})
-        pods = await self.kube.call(
+        listed = (await self.kube.call(
             f"list pods {self.namespace} {selector}", self.kube.core.list_namespaced_pod, self.namespace,
             label_selector=selector,
-        )
-        durations, seen, waiting = [], set(), {}
-        for pod in pods.items:
-            uid = pod.metadata.uid
-            seen.add(uid)
-            conditions = {c.type: c for c in (pod.status.conditions or [])} if pod.status else {}
-            scheduled = conditions.get("PodScheduled")
-            if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
-                waiting[pod.metadata.name] = object_time(pod.metadata.creation_timestamp)
-            ready_c = conditions.get("Ready")
-            if ready_c is not None and ready_c.status == "True" and uid not in self._reported:
-                self._reported.add(uid)
-                # Start-up is from the pod's placement on a node to Ready (image pull, weight load, warm-up):
-                # a pod that first waited for a node to be provisioned must not count that wait twice (the
-                # policy adds node provisioning itself when no warm slot is free). Pods already Ready at the
-                # first read (a restarted controller) give their start-up back too.
-                began = object_time(scheduled.last_transition_time) if scheduled is not None and \
-                    scheduled.status == "True" else object_time(pod.metadata.creation_timestamp)
-                became = object_time(ready_c.last_transition_time)
-                if began is not None and became is not None and became >= began:
-                    durations.append(became - began)
-        self._reported &= seen
-        warm = await self.warm_pool.ready() if self.warm_pool is not None else 0
-        stuck, why = await self._no_capacity(waiting, now) if waiting else (set(), "")
+        )).items
+        pods = [pod_facts(p) for p in listed]
+        durations = self._startups(pods)
+        waiting = {p.name: p.created_s for p in pods if p.unschedulable}
+        found = await self._capacity(workload, listed, waiting, now)
         # A pod a provisioner could not place (a limit, a quota, no offering) waited for capacity, not for a
         # node's provisioning: its wait teaches the lead time nothing.
-        self._capped = {p.metadata.uid for p in pods.items if p.metadata.name in stuck} | (self._capped & seen)
+        seen = {p.uid for p in pods}
+        self._capped = {p.uid for p in pods if p.name in found.stuck} | (self._capped & seen)
+        node_waits = await self.node_waits.learn(pods, skip=self._capped)
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
-        shape = replica_shape(workload.spec.template, self.gpu_resource)
-        room = (await self.nodes.room(workload.spec.template, shape, self._ours(seen), self.namespace)
-                if self.nodes else None)
-        budget = await self.budget.read(workload, shape, pods.items) if self.budget else None
-        node_waits = await self.node_waits.learn(pods.items, skip=self._capped)
+        room, budget = found.room, found.budget
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
             starting_replicas=max(0, spec_replicas - ready),
             unschedulable_pods=len(waiting),
-            no_capacity_pods=len(stuck),
-            no_capacity_reason=why,
+            no_capacity_pods=len(found.stuck),
+            no_capacity_reason=found.stuck_reason,
             oldest_unschedulable_s=oldest,
-            warm_slots_ready=warm,
+            warm_slots_ready=found.warm_slots_ready,
             idle_slots=room.idle_slots if room else 0,
             gpus_held=room.gpus_held if room else 0.0,
             gpu_cost_per_hour=room.cost_per_hour if room else None,

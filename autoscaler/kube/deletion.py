@@ -52,6 +52,7 @@ import structlog
 from autoscaler.errors import EdgeError, PermanentError, TransientError
 from autoscaler.kube.capacity import is_gpu_resource
 from autoscaler.kube.client import Kube
+from autoscaler.kube.pods import PodFacts, pod_facts
 from autoscaler.kube.quantity import effective_resources
 
 log = structlog.get_logger("autoscaler")
@@ -126,16 +127,6 @@ def pod_gpus(pod_spec) -> Decimal:
     return sum((v for k, v in requests.items() if is_gpu_resource(k)), Decimal(0))
 
 
-def _live(pod) -> bool:
-    return pod.metadata.deletion_timestamp is None and (pod.status is None or pod.status.phase not in
-                                                        ("Succeeded", "Failed"))
-
-
-def _ready(pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or [])) if pod.status \
-        else False
-
-
 def current_cost(pod) -> str | None:
     return (pod.metadata.annotations or {}).get(ANNOTATION)
 
@@ -195,10 +186,10 @@ class DeletionOrder:
             self._error(failed[0])
         return {name for name, result in zip(ordered, found) if result is True}
 
-    async def _figures(self, pods) -> Mapping[str, float]:
+    async def _figures(self, pods: Sequence[PodFacts]) -> Mapping[str, float]:
         if self.in_flight is None:
             return {}
-        ips = {p.metadata.name: p.status.pod_ip for p in pods if p.spec.node_name and _ready(p) and p.status.pod_ip}
+        ips = {p.name: p.ip for p in pods if p.node and p.ready and p.ip}
         try:
             return await self.in_flight.in_flight(ips) if ips else {}
         except EdgeError as exc:
@@ -212,11 +203,12 @@ class DeletionOrder:
             self.kube.call(f"list pods {ns} {selector}", core.list_namespaced_pod, ns, label_selector=selector),
             self.kube.call(f"list pods {ns}", core.list_namespaced_pod, ns),
         )
-        pods = [p for p in target.items if _live(p)]
+        live = [(p, facts) for p in target.items if (facts := pod_facts(p)).live]
+        pods = [p for p, _ in live]
         bound = [PodPlace(p.metadata.name, p.spec.node_name, pod_gpus(p.spec)) for p in everyone.items
-                 if _live(p) and p.spec.node_name]
+                 if pod_facts(p).live and p.spec.node_name]
         leaving, figures = await asyncio.gather(self._leaving({p.spec.node_name for p in pods if p.spec.node_name}),
-                                                self._figures(pods))
+                                                self._figures([facts for _, facts in live]))
         costs = deletion_costs([PodPlace(p.metadata.name, p.spec.node_name) for p in pods], usage=node_usage(bound),
                                leaving=leaving, in_flight=figures)
         changed = {p.metadata.name: costs[p.metadata.name] for p in pods

@@ -14,24 +14,18 @@ hold up the tick; the other pods are looked at in the next ones.
 
 from __future__ import annotations
 
+from typing import Collection, Iterable
+
 import structlog
 
 from autoscaler.errors import EdgeError, PermanentError
 from autoscaler.kube.capacity import node_type
 from autoscaler.kube.client import Kube, object_time
+from autoscaler.kube.pods import PodFacts
 
 log = structlog.get_logger("autoscaler")
 
 NODE_READS_PER_TICK = 8
-
-
-def placed_at(pod) -> float | None:
-    """When the scheduler placed the pod on its node, if it has."""
-    conditions = (pod.status.conditions or []) if pod.status else []
-    scheduled = next((c for c in conditions if c.type == "PodScheduled"), None)
-    if scheduled is None or scheduled.status != "True" or not (pod.spec and pod.spec.node_name):
-        return None
-    return object_time(scheduled.last_transition_time)
 
 
 class NodeWaits:
@@ -59,29 +53,30 @@ class NodeWaits:
             self._nodes[name] = (object_time(node.metadata.creation_timestamp), node_type(node))
         return self._nodes[name]
 
-    async def learn(self, pods, skip: set[str] = frozenset()) -> tuple[tuple[str, float], ...]:
+    async def learn(self, pods: Iterable[PodFacts],
+                    skip: Collection[str] = frozenset()) -> tuple[tuple[str, float], ...]:
         """(node type, seconds waited) of the pods placed since the previous call on a node newer than them,
         leaving out the pods whose uids are in `skip`."""
         waits, live, on = [], set(), set()
         self._reads = 0
         for pod in pods:
-            uid = pod.metadata.uid
+            uid = pod.uid
             live.add(uid)
-            placed = placed_at(pod)
-            if placed is None:
+            placed = pod.placed_s
+            if placed is None or pod.node is None:
                 continue
-            on.add(pod.spec.node_name)
+            on.add(pod.node)
             if uid in self._counted:
                 continue
             if uid in skip:
                 self._counted.add(uid)
                 continue
-            node = await self._node(pod.spec.node_name)
+            node = await self._node(pod.node)
             if node is None:
                 continue  # unknown for now: asked again next tick
             self._counted.add(uid)
             created, kind = node
-            began = object_time(pod.metadata.creation_timestamp)
+            began = pod.created_s
             if created is not None and began is not None and created > began and placed > began:
                 waits.append((kind, placed - began))
         self._counted &= live

@@ -16,11 +16,15 @@ Each placeholder requests what one replica's pod requests, all of it (GPUs, CPU,
 counts a pod: `quantity.effective_resources`), and copies the scheduling constraints (node selector,
 affinity, tolerations), so a node provisioned for a placeholder fits the replica, and preempting one frees
 exactly one replica's worth of usable capacity. Its PriorityClass is negative but not below the cluster-autoscaler's
-expendable cutoff (-10), so a preempted placeholder still triggers a new node."""
+expendable cutoff (-10), so a preempted placeholder still triggers a new node.
+
+Both backends are a `WarmPool`: the loop calls `ensure` with the decided slots, the cluster reader `ready` and
+`name` (the pool's object, and the `WARM_POOL_LABEL` value of placeholder pods, whose GPUs the target holds)."""
 
 from __future__ import annotations
 
 import re
+from typing import Any, Protocol
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.client import Kube, with_backoff
@@ -29,6 +33,23 @@ from autoscaler.kube.quantity import effective_resources, format_quantity
 MANAGED_BY = {"app.kubernetes.io/managed-by": "inference-autoscaler"}
 WARM_POOL_LABEL = "inference-autoscaler/warm-pool"  # value: the pool's name
 NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
+
+
+class WarmPool(Protocol):
+    """A warm pool backend."""
+
+    @property
+    def name(self) -> str:
+        """The pool's object in the target's namespace; placeholder pods carry it in `WARM_POOL_LABEL`."""
+        ...
+
+    async def ensure(self, template: Any, slots: int) -> None:
+        """Create or update the pool for the target's pod template with `slots` slots (at most its maximum)."""
+        ...
+
+    async def ready(self) -> int:
+        """The slots ready to take a replica now (0 when the pool does not exist)."""
+        ...
 
 
 def placeholder_spec(template, *, name: str, priority_class: str, pause_image: str,

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from autoscaler.errors import PermanentError, TransientError
 from autoscaler.kube.client import Kube
 from autoscaler.kube.cluster import label_selector
+from autoscaler.kube.pods import pod_facts
 from autoscaler.signals.prometheus import QueryResult
 from policies.types import Sample
 
@@ -48,10 +49,9 @@ class KubePodEndpoints:
         pods = await self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.namespace,
                                     label_selector=selector)
         out = {}
-        for pod in pods.items:
-            ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
-            if ready and pod.status.pod_ip and pod.metadata.deletion_timestamp is None:
-                out[pod.metadata.name] = f"http://{pod.status.pod_ip}:{self.port}{self.path}"
+        for pod in map(pod_facts, pods.items):
+            if pod.ready and pod.ip and not pod.deleting:
+                out[pod.name] = f"http://{pod.ip}:{self.port}{self.path}"
         return out
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from autoscaler.kube.pods import pod_facts
 from loadtest.e2e.config import E2EConfig
 from loadtest.gateway import gateway
 from loadtest.kube.controlplane import ControlPlane, control_plane
@@ -177,22 +178,22 @@ class Stack:
         warm = {"pending": 0, "ready": 0}
         seen = set()
         for pod in pods:
-            meta, status = pod["metadata"], pod.get("status", {})
-            kind = "model" if meta.get("labels", {}).get("app") == MODEL else "placeholder"
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+            meta, facts = pod["metadata"], pod_facts(pod)
+            kind = "model" if facts.labels.get("app") == MODEL else "placeholder"
+            ready = facts.ready
             key = (kind, meta["uid"])
             seen.add(key)
             life = self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None,
                                                    "gone": None, "gpus": 1, "name": meta["name"]})
             if ready and life["ready"] is None:
                 life["ready"] = now
-            if meta.get("deletionTimestamp") and life["gone"] is None:
+            if facts.deleting and life["gone"] is None:
                 life["gone"] = now
-            if pod["spec"].get("nodeName") and "node" not in life:
-                life["node"] = pod["spec"]["nodeName"]
-                life["placed"] = _scheduled_at(status) or now
+            if facts.node and "node" not in life:
+                life["node"] = facts.node
+                life["placed"] = facts.placed_s or now
             if kind == "model":
-                state = "ready" if ready else ("starting" if pod["spec"].get("nodeName") else "pending")
+                state = "ready" if ready else ("starting" if facts.node else "pending")
                 model[state] += 1
             else:
                 warm["ready" if ready else "pending"] += 1
@@ -242,14 +243,6 @@ def _ts(text: str) -> float:
     from autoscaler.times import parse_time
 
     return parse_time(text)
-
-
-def _scheduled_at(status: dict) -> float | None:
-    """When the scheduler bound the pod (its PodScheduled condition), if it says."""
-    for c in status.get("conditions", []):
-        if c.get("type") == "PodScheduled" and c.get("status") == "True" and c.get("lastTransitionTime"):
-            return _ts(c["lastTransitionTime"])
-    return None
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 0.25, what: str = "condition"):
