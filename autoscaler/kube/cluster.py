@@ -152,7 +152,8 @@ class ClusterReader:
         self._reported &= {pod.uid for pod in pods}
         return durations
 
-    async def _capacity(self, workload, listed: list, waiting: dict[str, float | None], now: float) -> CapacityReading:
+    async def _capacity(self, workload, *, listed: list, waiting: dict[str, float | None],
+                        now: float) -> CapacityReading:
         """The capacity readers, concurrently (see the module docstring)."""
         template = workload.spec.template
         shape = replica_shape(template, self.gpu_resource)
@@ -183,7 +184,7 @@ class ClusterReader:
         pods = [pod_facts(p) for p in listed]
         durations = self._startups(pods)
         waiting = {p.name: p.created_s for p in pods if p.unschedulable}
-        found = await self._capacity(workload, listed, waiting, now)
+        found = await self._capacity(workload, listed=listed, waiting=waiting, now=now)
         # A pod a provisioner could not place (a limit, a quota, no offering) waited for capacity, not for a
         # node's provisioning: its wait teaches the lead time nothing.
         seen = {p.uid for p in pods}
