@@ -113,3 +113,36 @@ def test_rate_within_slo_takes_a_handful_of_evaluations(monkeypatch):
         calls.clear()
         queueing.rate_within_slo(servers=servers, service_s=0.7, wait_s=2.0, miss_ratio=0.01)
         assert 0 < len(calls) <= 12, servers
+
+
+def _bisected_servers(*, rate_per_s: float, service_s: float, wait_s: float, miss_ratio: float) -> int:
+    """The plain bisection servers_for used before it searched from square-root staffing."""
+    offered = rate_per_s * service_s
+    lo = math.floor(offered)
+    hi = max(lo + 1, math.ceil(offered + 4.0 * math.sqrt(offered) + 2.0))
+    while wait_exceeds(hi, offered, service_s, wait_s) > miss_ratio:
+        hi *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if wait_exceeds(mid, offered, service_s, wait_s) > miss_ratio else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_servers_for_agrees_with_bisection(seed):
+    rng = random.Random(seed)
+    for _ in range(500):
+        kw = dict(rate_per_s=10 ** rng.uniform(-3, 3.7), service_s=10 ** rng.uniform(-2, 2),
+                  wait_s=10 ** rng.uniform(-1, 1), miss_ratio=10 ** rng.uniform(-7, -0.01))
+        assert servers_for(**kw) == _bisected_servers(**kw), kw
+
+
+def test_servers_for_takes_a_few_evaluations(monkeypatch):
+    calls = []
+    original = queueing.wait_exceeds
+    monkeypatch.setattr(queueing, "wait_exceeds", lambda *a: calls.append(1) or original(*a))
+    for rate in (0.5, 5.0, 80.0, 900.0, 3000.0):
+        for service_s in (0.7, 30.0):
+            calls.clear()
+            queueing.servers_for(rate_per_s=rate, service_s=service_s, wait_s=2.0, miss_ratio=0.001)
+            assert 0 < len(calls) <= 4, (rate, service_s, len(calls))
