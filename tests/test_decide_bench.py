@@ -16,3 +16,12 @@ def test_decide_bench_prints_wall_and_cpu_figures(capsys):
 def test_decide_bench_rejects_a_missing_trace(capsys, tmp_path):
     assert decide_bench.main(["--trace", str(tmp_path / "none.csv")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_bench_prints_the_median_and_p99_of_decide(capsys):
+    from loadtest import bench
+
+    assert bench.main(["--policies", "predictive"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"predictive decide\(\): median [\d.]+ ms, p99 [\d.]+ ms \(scheduled refits included\) over 230 "
+                     r"ticks; median excluding 0 scheduled refits [\d.]+ ms", out), out
