@@ -118,15 +118,17 @@ class ModelAutoscalerStatus(_Api):
 
 # The models' cross-field checks that CEL can say, where they apply (a path of properties from the spec).
 _SIGNALS = ", ".join(f"'{name}'" for name in SAMPLE_SIGNALS)
+_PER_CLASS = "arrival_rate_"  # arrival_rate_<class>: a class of the policy (arrival_rate_per_s is a signal)
 CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     (): [
         {"rule": "!has(self.signals.prometheus.queries) || self.signals.prometheus.queries.all(k, "
-                 "!k.startsWith('arrival_rate_') || k == 'arrival_rate_per_s' || k.substring(13) in self.policy.priorities)",
+                 f"!k.startsWith('{_PER_CLASS}') || k in [{_SIGNALS}] || k.substring({len(_PER_CLASS)}) in "
+                 "self.policy.priorities)",
          "message": "signals.prometheus.queries: arrival_rate_<class> names a class not in policy.priorities"},
     ],
     ("signals", "prometheus"): [
         {"rule": f"!has(self.queries) || self.queries.all(k, k in [{_SIGNALS}] || "
-                 "(k.startsWith('arrival_rate_') && k != 'arrival_rate_'))",
+                 f"(k.startsWith('{_PER_CLASS}') && k != '{_PER_CLASS}'))",
          "message": f"queries: unknown signal (known: {', '.join(SAMPLE_SIGNALS)}, arrival_rate_<class>)"},
         {"rule": "!has(self.url) || self.url.matches('^https?://[^/?#:]+')",
          "message": "url: expected an http(s) URL with a host, like http://prometheus:9090"},

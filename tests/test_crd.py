@@ -6,8 +6,9 @@ import ssl
 import urllib.request
 
 import pytest
+import yaml
 
-from autoscaler.crd import GROUP, PLURAL, VERSION, crd, parse_spec, render, settings_for
+from autoscaler.crd import GROUP, PLURAL, VERSION, parse_spec, render, settings_for
 from autoscaler.errors import ConfigError
 
 from helpers import ROOT
@@ -19,7 +20,8 @@ COLLECTION = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
 VALID = {"target": {"kind": "Deployment", "name": "llama-3-8b"}, "modelServer": "vllm",
          "selector": {"matchLabels": {"app": "llama-3-8b"}}, "tier": 0, "weight": 2.5,
          "signals": {"prometheus": {"queries": {"queue_depth": "sum(q)", "arrival_rate_critical": "sum(r)"}}},
-         "policy": {"min_replicas": 1, "max_replicas": 8, "tick_s": 15}, "budget": {"maxGPUs": 16, "kueueQueue": "models"}}
+         "policy": {"min_replicas": 1, "max_replicas": 8, "tick_s": 15},
+         "budget": {"maxGPUs": 16, "kueueQueue": "models"}}
 
 
 def with_(path: str, value) -> dict:
@@ -50,7 +52,7 @@ BAD = {
     "min > max (CEL)": with_("policy.min_replicas", 9),
     "forecast bucket < tick (CEL)": with_("policy.forecast_bucket_s", 10),
     "saturation ratios crossed (CEL)": with_("policy.saturation_wait_ratio", 0.9),
-    "shedding the highest class (CEL)": with_("policy.priorities", {"only": 0}),
+    "guarding the highest class (CEL)": with_("policy.priorities", {"critical": 0}),
     "no priority class": with_("policy.priorities", {}),
     "tick_s below 1 s": with_("policy.tick_s", 0.5),
     "slo miss ratio 0.5 (exclusive)": with_("policy.slo_miss_target_ratio", 0.5),
@@ -102,6 +104,9 @@ def test_valid_object_is_created_and_defaulted_like_the_model(apiserver):
     # the apiserver filled in the schema's defaults: the same values the model gives the fields left out
     assert body["spec"]["policy"]["replica_concurrency"] == 16 and body["spec"]["signals"]["scrape"]["port"] == 8000
     assert parse_spec(body["spec"]) == parse_spec(VALID)
+    # without strict field validation an unknown field is pruned (and never reaches the controller)
+    status, body = apiserver.request("POST", COLLECTION, obj("pruned", {**VALID, "replicas": 3}))
+    assert status == 201 and "replicas" not in body["spec"]
 
 
 def apiserver_rejects(cp, name: str, spec: dict) -> bool:
@@ -126,7 +131,8 @@ def test_bad_specs_are_rejected_by_the_apiserver_and_by_the_model(apiserver):
     width = max(len(label) for label in BAD)
     print(f"\n{'bad spec':<{width}}  apiserver  model")
     for label, by_apiserver, by_model in rows:
-        print(f"{label:<{width}}  {'rejects' if by_apiserver else 'ACCEPTS':<9}  {'rejects' if by_model else 'ACCEPTS'}")
+        shown = ["rejects" if rejected else "ACCEPTS" for rejected in (by_apiserver, by_model)]
+        print(f"{label:<{width}}  {shown[0]:<9}  {shown[1]}")
     print(f"{'rejected, of ' + str(len(rows)):<{width}}  {sum(r[1] for r in rows):<9}  {sum(r[2] for r in rows)}")
     assert [label for label, a, m in rows if not (a and m)] == []
 
@@ -211,3 +217,13 @@ def can(cp, user: str, verb: str, path: str) -> bool:
                                         "resourceAttributes": attributes}})
     assert status == 201, body
     return body["status"].get("allowed", False)
+
+
+def test_documented_example_is_valid_for_both(apiserver):
+    text = (ROOT / "docs" / "fleet-api.md").read_text()
+    example = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert example["kind"] == "ModelAutoscaler"
+    parse_spec(example["spec"])
+    status, body = apiserver.request("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{example['metadata']['namespace']}"
+                                     f"/{PLURAL}?fieldValidation=Strict", example)
+    assert status == 201, body.get("message")
