@@ -53,6 +53,8 @@ BAD = {
     "forecast bucket < tick (CEL)": with_("policy.forecast_bucket_s", 10),
     "saturation ratios crossed (CEL)": with_("policy.saturation_wait_ratio", 0.9),
     "guarding the highest class (CEL)": with_("policy.priorities", {"critical": 0}),
+    "shedding the highest class (CEL)": with_("policy", {"priorities": {"critical": 0}, "guard_priority_below": 0,
+                                                         "shed_priority_below": 1}),
     "no priority class": with_("policy.priorities", {}),
     "tick_s below 1 s": with_("policy.tick_s", 0.5),
     "slo miss ratio 0.5 (exclusive)": with_("policy.slo_miss_target_ratio", 0.5),
