@@ -62,6 +62,8 @@ BAD = {
     "scrape port 70000": with_("signals.scrape.port", 70000),
     "query for an unknown signal (CEL)": with_("signals.prometheus.queries", {"queue_depht": "sum(q)"}),
     "query for an unknown class (CEL)": with_("signals.prometheus.queries", {"arrival_rate_gold": "sum(r)"}),
+    "65 query overrides (at most 64)": with_("signals.prometheus.queries", {f"arrival_rate_c{i}": "sum(r)"
+                                                                          for i in range(65)}),
     "prometheus url not http (CEL)": with_("signals.prometheus.url", "prometheus:9090"),
     "unknown field in spec": with_("replicas", 3),
     "unknown field in policy": with_("policy.max_replica", 3),
