@@ -1,7 +1,7 @@
 """The ModelAutoscaler API: one namespaced object per model, and its CRD generated from the pydantic models.
 
 The spec reuses the models that validate the controller's config (`policies.PolicySpec`,
-`autoscaler.config.PrometheusSource` and `ScrapeSource`), so an object is checked by the same rules as a config
+`autoscaler.config.PrometheusConfig` and `ScrapeConfig`), so an object is checked by the same rules as a config
 file: the apiserver through the CRD's OpenAPI v3 schema, generated here from those models (`crd()`), and the
 controller through `ModelAutoscalerSpec.model_validate(..., strict=True)`. The `policy` and `signals` sections
 keep the config file's keys (snake_case) so a config's sections move into an object unchanged; the fields new
@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema
 
-from autoscaler.config import PrometheusSource, ScrapeSource, Settings, describe, unknown_queries
+from autoscaler.config import PrometheusConfig, ScrapeConfig, Settings, describe, unknown_queries
 from autoscaler.errors import ConfigError
 from autoscaler.presets import PRESETS
 from policies import PolicySpec
@@ -63,8 +63,8 @@ class LabelSelector(_Api):
 class SignalSources(_Api):
     """The config file's `prometheus` and `scrape` sections, key for key."""
 
-    prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
-    scrape: ScrapeSource = Field(default_factory=ScrapeSource)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
 
 
 class Budget(_Api):
