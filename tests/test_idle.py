@@ -95,3 +95,18 @@ def test_idle_after_s_must_span_a_few_ticks():
     with pytest.raises(ValidationError):
         PolicySpec(idle_after_s=0.0)
     assert PolicySpec(idle_after_s=60.0).idle_after_s == 60.0
+
+
+def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
+    """Ordered, none Ready, 200 requests queued at 2 req/s: a few replicas for the rate, not dozens to drain the
+    queue within the SLO (they would all land after the same cold start)."""
+    spec = SPEC.model_copy(update={"burst_confirm_s": 0.0})  # the queue counts at once
+    _, state, _ = run(spec, busy_then_quiet(25))
+    now = 40 * TICK_S
+    cluster = ClusterState(spec_replicas=4, ready_replicas=0, starting_replicas=4, at_s=now)
+    sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(2.0, now), in_flight=Sample(0.0, now),
+                  queue_depth=Sample(200.0, now))
+    d, _ = decide(spec, state, sig, now)
+    unchecked, _ = decide(spec.model_copy(update={"idle_after_s": None}), state, sig, now)
+    assert unchecked.replicas > 4  # the queue-drain sizing alone asks for more
+    assert 1 <= d.replicas <= 2 and any("none ready yet" in r for r in d.reasons), d.reasons

@@ -10,6 +10,10 @@ Off unless `idle_after_s` is set: the stage then leaves the tick exactly as the 
   either: staying at zero is not a scale-down). Demand of any kind (a request arriving, a queue, in-flight
   requests or a held request) -> at least one replica at once, with no stabilization and no burst
   confirmation: a held request waits for exactly one cold start, not one more for the confirmation.
+- waking (replicas ordered, none Ready yet): at most what the arrival rate needs (or the forecast, if
+  higher). The queue that builds while the first replica starts is held demand, not load: sizing to drain
+  it within the SLO ordered 58 replicas for a 2.5 req/s model on `scenario:on-off-4h` (docs/scale-to-zero.md),
+  all landing after the same cold start, when a few drain it in under a minute.
 - serving and not yet idle: at least one replica, so the pipeline alone never reaches zero while demand
   was seen within `idle_after_s` (with `min_replicas: 0` it otherwise could, between requests).
 Last in the pipeline so that neither the bounds nor the warm pool undo it; a GPU budget of zero still
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
 
@@ -58,6 +63,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     if tick.current == 0 and not wanting:
         why = [] if tick.replicas == 0 else ["idle: at zero, no request: staying at zero"]
         return tick.then(why, state=state, replicas=0, warm=0)
+    if tick.current > 0 and tick.clean.cluster is not None and tick.clean.cluster.ready_replicas == 0:
+        return waking(spec, tick.then(state=state))
     if tick.current == 0:
         if tick.replicas == 0 and tick.capped:
             return tick.then(["idle: demand, but the GPU budget allows no replica"], state=state)
@@ -68,3 +75,14 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         return tick.then(state=state)
     return tick.then([f"idle: demand within the last {spec.idle_after_s:.0f} s: keeping 1 replica"],
                      state=state, replicas=1)
+
+
+def waking(spec: PolicySpec, tick: Tick) -> Tick:
+    """Replicas ordered, none Ready: at least one, at most the arrival rate's (or the forecast's) need."""
+    assert tick.clean is not None
+    rate = tick.clean.arrival_rate_per_s or 0.0
+    need = max(1, replicas_for_rate(spec, rate * tick.sizing, tick.service_s), tick.predictive or 0)
+    if tick.replicas > need:
+        return tick.then([f"wake: none ready yet: {need} replicas for {rate:.1f} req/s, not {tick.replicas} "
+                          "to drain the held queue (they would land after the same cold start)"], replicas=need)
+    return tick.then(replicas=max(1, tick.replicas))
