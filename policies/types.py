@@ -160,6 +160,8 @@ class PolicyState:
     growth_risk_for_s: float | None = None
     # Since when every demand signal has read zero, present and fresh (stages/idle.py); None: not idle.
     idle_since_s: float | None = None
+    # When the last wake from zero ordered replicas, until they are all Ready or the queue is drained.
+    woke_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

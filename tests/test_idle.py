@@ -98,15 +98,26 @@ def test_idle_after_s_must_span_a_few_ticks():
 
 
 def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
-    """Ordered, none Ready, 200 requests queued at 2 req/s: a few replicas for the rate, not dozens to drain the
-    queue within the SLO (they would all land after the same cold start)."""
+    """Woken at 2 req/s, the queue grows while the first replicas start: a few replicas for the rate, not dozens
+    to drain the queue within the SLO (they would land after the same cold start); until all are Ready."""
     spec = SPEC.model_copy(update={"burst_confirm_s": 0.0})  # the queue counts at once
     _, state, _ = run(spec, busy_then_quiet(25))
-    now = 40 * TICK_S
-    cluster = ClusterState(spec_replicas=4, ready_replicas=0, starting_replicas=4, at_s=now)
-    sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(2.0, now), in_flight=Sample(0.0, now),
-                  queue_depth=Sample(200.0, now))
-    d, _ = decide(spec, state, sig, now)
-    unchecked, _ = decide(spec.model_copy(update={"idle_after_s": None}), state, sig, now)
+    t0 = 40 * TICK_S
+
+    def tick(state, i, *, spec_replicas, ready, queue):
+        now = t0 + i * TICK_S
+        cluster = ClusterState(spec_replicas=spec_replicas, ready_replicas=ready,
+                               starting_replicas=spec_replicas - ready, at_s=now)
+        sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(2.0, now), in_flight=Sample(ready * 16.0, now),
+                      queue_depth=Sample(queue, now))
+        return decide(spec, state, sig, now), decide(spec.model_copy(update={"idle_after_s": None}), state, sig, now)
+
+    (d, state), _ = tick(state, 0, spec_replicas=0, ready=0, queue=5.0)
+    assert d.replicas >= 1 and any(r.startswith("wake: ") for r in d.reasons)
+    (d, state), (unchecked, _) = tick(state, 1, spec_replicas=d.replicas, ready=0, queue=200.0)
     assert unchecked.replicas > 4  # the queue-drain sizing alone asks for more
-    assert 1 <= d.replicas <= 2 and any("none ready yet" in r for r in d.reasons), d.reasons
+    assert 1 <= d.replicas <= 3 and any("to drain the queue held" in r for r in d.reasons), d.reasons
+    (d, state), _ = tick(state, 2, spec_replicas=3, ready=1, queue=150.0)  # one of three Ready: still waking
+    assert d.replicas <= 3
+    (d, state), (unchecked, _) = tick(state, 3, spec_replicas=3, ready=3, queue=100.0)  # all Ready: over
+    assert state.woke_at_s is None and d.replicas == unchecked.replicas

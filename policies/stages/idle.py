@@ -10,10 +10,11 @@ Off unless `idle_after_s` is set: the stage then leaves the tick exactly as the 
   either: staying at zero is not a scale-down). Demand of any kind (a request arriving, a queue, in-flight
   requests or a held request) -> at least one replica at once, with no stabilization and no burst
   confirmation: a held request waits for exactly one cold start, not one more for the confirmation.
-- waking (replicas ordered, none Ready yet): at most what the arrival rate needs (or the forecast, if
-  higher). The queue that builds while the first replica starts is held demand, not load: sizing to drain
-  it within the SLO ordered 58 replicas for a 2.5 req/s model on `scenario:on-off-4h` (docs/scale-to-zero.md),
-  all landing after the same cold start, when a few drain it in under a minute.
+- waking (from the wake until every replica ordered is Ready or the queue is empty,
+  `PolicyState.woke_at_s`): at most what the arrival rate needs (or the forecast, if higher). The queue
+  that builds during the cold start is held demand, not load: sizing to drain it within the SLO ordered
+  42 to 58 replicas for a 2.5 req/s model on `scenario:on-off-4h` (docs/scale-to-zero.md), all landing
+  after the same cold start, when the three the rate needs drain it within minutes.
 - serving and not yet idle: at least one replica, so the pipeline alone never reaches zero while demand
   was seen within `idle_after_s` (with `min_replicas: 0` it otherwise could, between requests).
 Last in the pipeline so that neither the bounds nor the warm pool undo it; a GPU budget of zero still
@@ -54,35 +55,46 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         return tick
     assert tick.clean is not None
     since = idle_since(tick.clean, tick.state.idle_since_s, tick.now)
-    state = replace(tick.state, idle_since_s=since)
+    state = replace(tick.state, idle_since_s=since, woke_at_s=still_waking(tick))
     if since is not None and tick.now - since >= spec.idle_after_s:
         why = [] if tick.replicas == 0 and tick.current == 0 else [
             f"idle for {tick.now - since:.0f} s: scaling to zero"]
-        return tick.then(why, state=state, replicas=0, warm=0, shed={}, saturation_depths={})
+        return tick.then(why, state=replace(state, woke_at_s=None), replicas=0, warm=0, shed={},
+                         saturation_depths={})
     wanting = demand(tick.clean)
     if tick.current == 0 and not wanting:
         why = [] if tick.replicas == 0 else ["idle: at zero, no request: staying at zero"]
         return tick.then(why, state=state, replicas=0, warm=0)
-    if tick.current > 0 and tick.clean.cluster is not None and tick.clean.cluster.ready_replicas == 0:
+    if tick.current > 0 and state.woke_at_s is not None:
         return waking(spec, tick.then(state=state))
     if tick.current == 0:
         if tick.replicas == 0 and tick.capped:
             return tick.then(["idle: demand, but the GPU budget allows no replica"], state=state)
         seen = ", ".join(f"{name} {v:g}" for name, v in sorted(wanting.items()))
-        wake = max(1, tick.replicas)
-        return tick.then([f"wake: {seen} at zero replicas: {wake} at once"], state=state, replicas=wake)
+        woken = tick.then([f"wake: {seen} at zero replicas"], state=replace(state, woke_at_s=tick.now))
+        return waking(spec, woken)
     if tick.replicas >= 1 or tick.capped:
         return tick.then(state=state)
     return tick.then([f"idle: demand within the last {spec.idle_after_s:.0f} s: keeping 1 replica"],
                      state=state, replicas=1)
 
 
+def still_waking(tick: Tick) -> float | None:
+    """The wake in progress, if any: over once every replica is Ready or the queue has drained."""
+    assert tick.clean is not None and tick.clean.cluster is not None
+    woke, cluster = tick.state.woke_at_s, tick.clean.cluster
+    if woke is None or cluster.ready_replicas >= max(1, tick.current) or tick.clean.queue_depth == 0:
+        return None
+    return woke
+
+
 def waking(spec: PolicySpec, tick: Tick) -> Tick:
-    """Replicas ordered, none Ready: at least one, at most the arrival rate's (or the forecast's) need."""
+    """During a wake: at least one replica, at most the arrival rate's (or the forecast's) need."""
     assert tick.clean is not None
     rate = tick.clean.arrival_rate_per_s or 0.0
     need = max(1, replicas_for_rate(spec, rate * tick.sizing, tick.service_s), tick.predictive or 0)
     if tick.replicas > need:
-        return tick.then([f"wake: none ready yet: {need} replicas for {rate:.1f} req/s, not {tick.replicas} "
-                          "to drain the held queue (they would land after the same cold start)"], replicas=need)
-    return tick.then(replicas=max(1, tick.replicas))
+        return tick.then([f"wake: {need} replicas for {rate:.1f} req/s, not {tick.replicas} to drain the queue "
+                          "held during the cold start (they would land after it too)"], replicas=need)
+    return tick.then([f"wake: {max(1, tick.replicas)} replicas at once"] if tick.current == 0 else [],
+                     replicas=max(1, tick.replicas))
