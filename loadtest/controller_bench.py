@@ -1,13 +1,16 @@
 """Figures of the live controller's runtime (a benchmark that prints, not a timed test).
 
-    python -m loadtest.controller_bench [--ticks 300] [--rps 200] [--seconds 10]
+    python -m loadtest.controller_bench [--ticks 300] [--rps 200] [--seconds 10] [--memory-ticks 240,5760]
 
 1. Per-tick overhead of the loop against a local Prometheus (Debian's, scraping the fake vLLM server):
    p50 / p99 of a full tick (7 concurrent PromQL queries, decide, publish, metrics, log), back to back.
 2. KEDA GetMetrics latency under `rps` requests per second (open loop, each call on its own schedule):
    p50 / p99 over `seconds`.
 3. Resident memory of a controller after one hour (240 ticks) and after one day (5,760 ticks) of
-   simulated ticks (fake sources, a clock advancing 15 s per tick), with the forecaster's refits.
+   simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits;
+   then a second controller (another model) run as long beside it, whose growth of the process's
+   resident memory is the per-model cost of serving several models from one process.
+The test suite runs all three briefly (tests/test_controller_bench.py), so the script cannot silently break.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import grpc
 import structlog
 
 from autoscaler.board import DecisionBoard
+from autoscaler.clock import ManualClock
 from autoscaler.config import Settings
 from autoscaler.external_scaler import externalscaler_pb2 as pb
 from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
@@ -131,6 +135,9 @@ async def keda_latency(rps: int, seconds: float) -> tuple[list[float], int]:
     return latencies, failures
 
 
+TICK_S = 15.0
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -155,17 +162,29 @@ class SyntheticSource:
                                     "p99_latency_s": Sample(0.2, now)})
 
 
-async def memory(ticks_per_report: list[int]) -> list[tuple[int, float]]:
-    clock = iter(range(0, 10**9, 15))
-    controller = Controller(settings=settings(), sources=[SyntheticSource()], cluster=StaticCluster(),
-                            board=DecisionBoard(), metrics=ControllerMetrics(), clock=lambda: float(next(clock)))
+async def memory(ticks_per_report: list[int]) -> tuple[list[tuple[int, float]], float]:
+    """RSS after each count of simulated ticks, and the RSS a second controller adds over as many ticks."""
+
+    def controller(clock: ManualClock) -> Controller:
+        return Controller(settings=settings(), sources=[SyntheticSource()], cluster=StaticCluster(),
+                          board=DecisionBoard(), metrics=ControllerMetrics(), clock=clock)
+
+    async def run(one: Controller, clock: ManualClock, ticks: int) -> None:
+        for _ in range(ticks):
+            await one.tick()
+            await clock.advance(TICK_S)
+
+    clock = ManualClock()
+    first = controller(clock)
     out, done = [], 0
     for target in ticks_per_report:
-        while done < target:
-            await controller.tick()
-            done += 1
+        await run(first, clock, target - done)
+        done = target
         out.append((done, rss_mb()))
-    return out
+    before = rss_mb()
+    second_clock = ManualClock()
+    await run(controller(second_clock), second_clock, done)
+    return out, rss_mb() - before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ticks", type=int, default=300)
     p.add_argument("--rps", type=int, default=200)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--memory-ticks", default="240,5760",
+                   help="simulated ticks (15 s) after which to print resident memory, comma-separated")
     args = p.parse_args(argv)
     quiet_logs()
     start_rss = rss_mb()
@@ -182,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     latencies, failures = asyncio.run(keda_latency(args.rps, args.seconds))
     print(f"KEDA GetMetrics at {args.rps} req/s for {args.seconds:.0f} s ({len(latencies)} ok, {failures} failed): "
           f"p50 {pct(latencies, 0.5) * 1e3:.2f} ms, p99 {pct(latencies, 0.99) * 1e3:.2f} ms")
-    reports = asyncio.run(memory([240, 5760]))
+    reports, per_model = asyncio.run(memory(sorted(int(x) for x in args.memory_ticks.split(","))))
     print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
-        f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * 15 / 3600:.0f} h)" for ticks, rss in reports))
+        f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
+        + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
     return 0
 
 

@@ -194,7 +194,8 @@ class ControlPlane:
         for name in crd_names:
             while True:
                 status, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+                # a CRD just created may show `conditions: null` until the apiserver has looked at it
+                conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
                 if status == 200 and conditions.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:

@@ -211,6 +211,33 @@ def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:
 
 RAMP_TICKS = 8
 RAMP_T_STAT = 4.0
+# The climb's least squares run in plain floats (8 numbers: numpy's per-call overhead was most of a tick's
+# forecast cost), summed in numpy's order so the results are the same bits: below 8 values numpy adds in
+# sequence from 0.0, and 8 values it adds as ((0+1)+(2+3))+((4+5)+(6+7)) (its pairwise sum's unrolled block).
+_RAMP_X = tuple(i - (RAMP_TICKS - 1) / 2 for i in range(RAMP_TICKS))
+
+
+def _sum(values: list[float]) -> float:
+    if len(values) == 8:
+        v = values
+        return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+def _mean(values: list[float]) -> float:
+    return _sum(values) / len(values)
+
+
+def _sse(values: list[float]) -> float:
+    """Sum of squared deviations from the mean."""
+    m = _mean(values)
+    return _sum([(v - m) * (v - m) for v in values])
+
+
+_RAMP_XX = _sum([x * x for x in _RAMP_X])
 
 
 def climb(spec: PolicySpec, fs: ForecastState, horizon_s: float) -> float | None:
@@ -219,21 +246,19 @@ def climb(spec: PolicySpec, fs: ForecastState, horizon_s: float) -> float | None
     explains the window better than a single jump does (so noise and on/off steps do not count)."""
     if len(fs.rates) < RAMP_TICKS:
         return None
-    y = np.asarray(fs.rates[-RAMP_TICKS:], dtype=float)
-    x = np.arange(RAMP_TICKS, dtype=float) - (RAMP_TICKS - 1) / 2
-    slope = float((x * (y - y.mean())).sum() / (x * x).sum())
+    y = [float(v) for v in fs.rates[-RAMP_TICKS:]]
+    mean = _mean(y)
+    slope = _sum([x * (v - mean) for x, v in zip(_RAMP_X, y)]) / _RAMP_XX
     if slope <= 0:
         return None
-    resid = y - (y.mean() + slope * x)
-    line_sse = float((resid**2).sum())
-    se = math.sqrt(line_sse / (RAMP_TICKS - 2) / float((x * x).sum()))
+    line_sse = _sum([(v - (mean + slope * x)) * (v - (mean + slope * x)) for x, v in zip(_RAMP_X, y)])
+    se = math.sqrt(line_sse / (RAMP_TICKS - 2) / _RAMP_XX)
     if se > 0 and slope / se < RAMP_T_STAT:
         return None
-    step_sse = min(float(((y[:k] - y[:k].mean()) ** 2).sum() + ((y[k:] - y[k:].mean()) ** 2).sum())
-                   for k in range(2, RAMP_TICKS - 1))
+    step_sse = min(_sse(y[:k]) + _sse(y[k:]) for k in range(2, RAMP_TICKS - 1))
     if step_sse <= line_sse:
         return None
-    return float(y.mean() + slope * (x[-1] + horizon_s / spec.tick_s))
+    return mean + slope * (_RAMP_X[-1] + horizon_s / spec.tick_s)
 
 
 def level_now(fs: ForecastState, rate: float | None) -> float:

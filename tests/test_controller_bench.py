@@ -1,0 +1,18 @@
+"""`make bench-controller` run briefly: every part prints its figures (a local Prometheus, the KEDA gRPC server
+and the simulated-time memory run), so the benchmark cannot silently break again."""
+
+import re
+
+from loadtest import controller_bench
+
+
+def test_controller_bench_runs_every_part(capsys):
+    assert controller_bench.main(["--ticks", "5", "--rps", "20", "--seconds", "1", "--memory-ticks", "4,300"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"loop tick against local Prometheus \(5 ticks\): p50 [\d.]+ ms, p99 [\d.]+ ms", out), out
+    assert re.search(r"KEDA GetMetrics at 20 req/s for 1 s \(20 ok, 0 failed\)", out), out
+    # 300 ticks = 75 simulated minutes: past the first statsmodels fit (12 buckets of 5 min).
+    assert re.search(r"resident memory: \d+ MB at start; \d+ MB after 4 simulated ticks .*; \d+ MB after 300 "
+                     r"simulated ticks \(1.25 h\); a second model's controller over as many ticks adds -?[\d.]+ MB",
+                     out), out
+
