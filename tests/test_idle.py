@@ -2,6 +2,8 @@
 zero -> at least one replica at once; missing data is never idle; off by default."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from policies import ClusterState, PolicySpec, Sample, Signals, decide, initial_state
@@ -121,3 +123,40 @@ def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
     assert d.replicas <= 3
     (d, state), (unchecked, _) = tick(state, 3, spec_replicas=3, ready=3, queue=100.0)  # all Ready: over
     assert state.woke_at_s is None and d.replicas == unchecked.replicas
+
+
+KINDS = ("quiet", "demand", "missing")
+
+
+@st.composite
+def idle_ticks(draw):
+    """Runs of quiet, demanding and data-missing ticks over random replica counts."""
+    out = []
+    for kind in draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=30)):
+        replicas = draw(st.integers(min_value=0, max_value=6))
+        kw = {}
+        if kind == "demand":
+            name = draw(st.sampled_from(["rate", "in_flight", "queue", "held"]))
+            kw[name] = draw(st.floats(min_value=0.01, max_value=500.0))
+        elif kind == "missing":
+            kw[draw(st.sampled_from(["rate", "in_flight", "queue"]))] = None
+        out.append((kind, replicas, kw))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(idle_ticks())
+def test_zero_only_after_a_quiet_window_or_at_zero_without_demand_and_never_under_demand(ticks):
+    spec = PolicySpec(idle_after_s=60.0, min_replicas=2, max_replicas=40)
+    window = int(spec.idle_after_s // TICK_S)
+    state = initial_state()
+    for i, (kind, replicas, kw) in enumerate(ticks):
+        now = i * TICK_S
+        d, state = decide(spec, state, signals(now, replicas=replicas, **kw), now)
+        if not d.valid:
+            continue
+        if kind == "demand":
+            assert d.replicas >= 1, (i, kw, d.reasons)
+        if d.replicas == 0:
+            quiet_window = i >= window and all(k == "quiet" for k, _, _ in ticks[i - window:i + 1])
+            assert kind != "demand" and (replicas == 0 or quiet_window), (i, ticks[max(0, i - window):i + 1])
