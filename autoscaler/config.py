@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from autoscaler.errors import ConfigError
-from autoscaler.presets import DCGM_HEADROOM, PRESETS, queries
+from autoscaler.presets import DCGM_HEADROOM, GATEWAY_PRESETS, PRESETS, queries
 from autoscaler.textfile import read_text
 from policies import PolicySpec
 from policies.types import SAMPLE_SIGNALS
@@ -73,6 +73,11 @@ class PrometheusConfig(_Strict):
         "(`policies.Signals` fields, or arrival_rate_<class> for a priority class of the policy).")
     dcgm_memory: bool = Field(False, description="GPU memory headroom from DCGM framebuffer metrics.")
     rate_window_s: float = Field(60.0, gt=0, le=3600, description="Window of rate() in the preset queries.")
+    gateway: Literal[tuple(GATEWAY_PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description=f"Gateway preset: one of {sorted(GATEWAY_PRESETS)} (llm-d: requests held in the endpoint "
+        "picker's flow control are read as held_requests); unset: none.")
+    gateway_selector: str = Field("", description="Label matchers of the gateway preset's series, e.g. "
+                                  "inference_pool=\"llama\".")
 
     @field_validator("queries")
     @classmethod
@@ -267,7 +272,8 @@ class Settings(BaseSettings):
         overrides = dict(self.prometheus.queries)
         if self.prometheus.dcgm_memory:
             overrides.setdefault("gpu_memory_headroom_ratio", DCGM_HEADROOM)
-        return queries(self.model_server, self.prometheus.selector, overrides, window_s=self.prometheus.rate_window_s)
+        return queries(self.model_server, self.prometheus.selector, overrides, window_s=self.prometheus.rate_window_s,
+                       gateway=self.prometheus.gateway, gateway_selector=self.prometheus.gateway_selector)
 
     @classmethod
     def settings_customise_sources(

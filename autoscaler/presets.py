@@ -2,6 +2,13 @@
 `$window` by the rate window (`prometheus.rate_window_s`, one minute by default: at least four scrape
 intervals, so a missed scrape does not empty it).
 
+Gateway presets (`GATEWAY_PRESETS`) add what the gateway in front of the servers measures: llm-d's
+endpoint picker holds requests in flow control while a pool has no ready endpoint and exports their
+number per queue (flow, priority) as `llm_d_epp_flow_control_queue_size` (the older name,
+`inference_extension_flow_control_queue_size`, is deprecated); their sum is `held_requests`, the demand
+that wakes a model scaled to zero (policies/stages/idle.py). `$gateway_selector` selects the pool's
+series (e.g. inference_pool="llama").
+
 Counters are read through rate() over that window, so Prometheus handles counter resets; a series that is
 absent gives no sample (never a zero). Every query can be overridden in the config."""
 
@@ -63,6 +70,10 @@ PRESETS: dict[str, dict[str, str]] = {
     },
 }
 
+GATEWAY_PRESETS: dict[str, dict[str, str]] = {
+    "llm-d": {"held_requests": "sum(llm_d_epp_flow_control_queue_size{$gateway_selector})"},
+}
+
 # GPU memory from DCGM, for servers without a KV-cache gauge (or to override it).
 DCGM_HEADROOM = (
     "sum(DCGM_FI_DEV_FB_FREE{$selector}) / (sum(DCGM_FI_DEV_FB_FREE{$selector}) + sum(DCGM_FI_DEV_FB_USED{$selector}))"
@@ -89,11 +100,16 @@ SCRAPE: dict[str, dict[str, str]] = {
 
 
 def queries(preset: str, selector: str, overrides: dict[str, str] | None = None, *,
-            window_s: float = 60.0) -> dict[str, str]:
-    """The PromQL per signal for a preset, with the selector and rate window filled in and overrides applied."""
+            window_s: float = 60.0, gateway: str | None = None, gateway_selector: str = "") -> dict[str, str]:
+    """The PromQL per signal for a preset (and a gateway preset, if any), with the selectors and rate window
+    filled in and overrides applied."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model-server preset {preset!r}; choose one of {sorted(PRESETS)}")
+    if gateway is not None and gateway not in GATEWAY_PRESETS:
+        raise ValueError(f"unknown gateway preset {gateway!r}; choose one of {sorted(GATEWAY_PRESETS)}")
     merged = dict(PRESETS[preset])
+    merged.update(GATEWAY_PRESETS[gateway] if gateway is not None else {})
     merged.update(overrides or {})
     window = f"{int(window_s)}s" if window_s == int(window_s) else f"{round(window_s * 1000)}ms"  # PromQL: integers
-    return {name: Template(q).safe_substitute(selector=selector, window=window) for name, q in merged.items() if q}
+    return {name: Template(q).safe_substitute(selector=selector, window=window, gateway_selector=gateway_selector)
+            for name, q in merged.items() if q}

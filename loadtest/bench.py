@@ -1,7 +1,7 @@
 """The replay benchmark: every policy on the same workload and the same simulated cluster, one process.
 
     python -m loadtest.bench --trace PATH [--scale K] [--gpus-per-replica N --gpus-per-node M]
-                             [--gpu-hour-price P] [--json]
+                             [--gpu-hour-price P] [--idle-after-s S [--max-hold-s H]] [--json]
 
 Prints per policy: SLO attainment per priority class, p99 queue wait, GPU-hours (serving + warming + warm
 pool + idle nodes), GPU-hours / clairvoyant, node GPU-hours (every GPU of every node while it exists, idle
@@ -9,6 +9,11 @@ ones on partly used nodes and the M mod N no replica fits in included) and their
 shed fraction of sheddable requests, scaling actions, and the replay's wall time; then the predictive
 policy's decide() time (median, 99th percentile with the scheduled statsmodels refits, and median excluding
 them) and whether it met the targets. Every policy runs on the same simulated cluster of N-GPU replicas on M-GPU nodes.
+
+With `--idle-after-s S` the predictive policy runs twice: as always, and as `predictive-zero` with scale
+to zero after S s without demand. Requests arriving while a model has no ready replica are then held
+(`autoscaler.sim.hold`), and each policy that held any reports how many, the p50 and p99 of the hold and
+how many were dropped after `--max-hold-s`. Without the flag the output is as before.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +34,13 @@ from autoscaler.errors import ConfigError, InputError, TraceError
 from autoscaler.flags import number
 from autoscaler.limits import check_ticks
 from autoscaler.sim.cluster import ClusterModel
-from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, run, ticks
+from autoscaler.sim.hold import default_max_hold_s
+from autoscaler.sim.run import PolicyRun, SimConfig, initial_replicas, needed_replicas, run, ticks
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
 from autoscaler.traces import read_trace
 from loadtest import policyset, scenarios
 from loadtest.measure import MAX_SHED, TOP_TARGET, billed, figures, floor_gpu_hours, meets, targets
+from policies import PolicySpec, decide, initial_state
 
 BUNDLED_TRACE = Path(__file__).parent / "traces" / "azure-llm-2023-code" / "AzureLLMInferenceTrace_code.csv"
 ABBREVIATIONS = {"critical": "crit", "standard": "std", "sheddable": "shed"}
@@ -161,6 +168,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="YAML of predictive policy fields, or a controller config (its policy section; default: the built-in policy)")
     p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="one predictive policy field (YAML value), over --policy-config; repeatable (default: none)")
+    p.add_argument("--idle-after-s", type=number(above=0), default=None,
+                   help="also run the predictive policy with scale to zero after this long idle, as predictive-zero, "
+                   "and model requests held while no replica is ready (default: off)")
+    p.add_argument("--max-hold-s", type=number(above=0), default=None,
+                   help="with --idle-after-s: a request held longer is dropped (503) and counted "
+                   "(default: the slowest cold start + 60 s)")
     p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here (default: none written)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON document (default: the table)")
     p.add_argument("--frontier", action="store_true",
@@ -185,6 +198,7 @@ class Setup:
     classes: tuple[str, ...]
     sheddable: tuple[str, ...]
     gpu_hour_price: float = 1.0
+    zero_spec: PolicySpec | None = None  # --idle-after-s: the predictive policy with scale to zero
 
     def start(self, name: str) -> int:
         """Replicas a policy starts with: static runs its peak from the start, the others what the first
@@ -225,8 +239,36 @@ def prepare(args: argparse.Namespace) -> Setup:
     except ValidationError as exc:
         raise ConfigError(describe(exc, args.policy_config or "--policy-set")) from None
     sheddable = tuple(c for c in classes if spec.priorities[c] < spec.shed_priority_below)
+    zero_spec = None
+    if args.idle_after_s is not None:
+        try:
+            zero_spec = PolicySpec(**{**spec.model_dump(), "idle_after_s": args.idle_after_s})
+        except ValidationError as exc:
+            raise ConfigError(describe(exc, "--idle-after-s")) from None
+        max_hold_s = args.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
+        config = replace(config, max_hold_s=max_hold_s)
+    elif args.max_hold_s is not None:
+        raise ConfigError("--max-hold-s needs --idle-after-s (holds happen only at zero replicas)")
     return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable,
-                 args.gpu_hour_price)
+                 args.gpu_hour_price, zero_spec)
+
+
+def hold_lines(rows: list[dict]) -> list[str]:
+    """Per policy that held requests: how many, how long, how many were dropped; and what zero saved."""
+    lines = []
+    for row in rows:
+        h = row.get("hold")
+        if h and h["held_requests"]:
+            lines.append(f"held ({row['policy']}): {h['held_requests']:g} requests, hold p50 {h['hold_p50_s']:g} s, "
+                         f"p99 {h['hold_p99_s']:g} s, dropped after {h['max_hold_s']:g} s: {h['dropped_held']:g}")
+    on = next((r for r in rows if r["policy"] == "predictive-zero"), None)
+    off = next((r for r in rows if r["policy"] == "predictive"), None)
+    if on is not None and off is not None and off["gpu_hours"]:
+        top = next(iter(on["slo_attainment"]))
+        lines.append(f"scale to zero: {on['gpu_hours']:.2f} vs {off['gpu_hours']:.2f} GPU-h "
+                     f"({on['gpu_hours'] / off['gpu_hours'] - 1:+.1%}), {top} SLO "
+                     f"{on['slo_attainment'][top]:.4%} vs {off['slo_attainment'][top]:.4%}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if setup.zero_spec is not None:
+        at = next((i + 1 for i, p in enumerate(runs) if p.name == "predictive"), 0)
+        runs.insert(at, PolicyRun("predictive-zero", setup.zero_spec, decide, initial_state()))
     results = {}
     for policy in runs:
         results[policy.name] = run(
@@ -296,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for line in verdict(rows, classes, sheddable, cluster=config.cluster):
             print(line)
+    for line in hold_lines(rows):
+        print(line)
     return 0
 
 

@@ -96,4 +96,5 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_
                                "p95": _percentile(result.capacity_lags_s, 95)},
         "scaling_actions": result.scaling_actions,
         "wall_s": round(result.wall_s, 2),
+        **({"hold": result.outcome["hold"]} if "hold" in result.outcome else {}),
     }

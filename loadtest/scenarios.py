@@ -95,6 +95,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 PROFILES: dict[str, Profile] = {name: s.profile for name, s in SCENARIOS.items()} | {
     "fleet-3h": Profile(((0, 0.8), (30, 0.8), (90, 3.0), (110, 3.0), (110.01, 4.0), (112, 4.0), (112.01, 3.0),
                          (130, 3.0), (165, 0.8), (180, 0.8))),
+    # a long-tail model: 20-minute sessions two hours apart, silent in between (scale to zero)
+    "on-off-4h": Profile(((0, 1.0), (20, 1.0), (20.01, 0.0), (120, 0.0), (120.01, 1.0), (140, 1.0), (140.01, 0.0),
+                          (240, 0.0), (240.01, 1.0), (260, 1.0))),
 }
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 

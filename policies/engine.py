@@ -12,7 +12,8 @@ Safety rules:
   scale up, never down ("hold" reason). Auxiliary signals (p99, memory headroom, tokens, service time)
   that are missing are named in the reasons and simply not used; so are implausible magnitudes
   (`sanitize.PLAUSIBLE_MAX`): `decide` never raises, whatever float or count comes in.
-- a valid decision lies within [min_replicas, max_replicas], also when what runs is outside (bounds).
+- a valid decision lies within [min_replicas, max_replicas], also when what runs is outside (bounds); with
+  `idle_after_s` set, 0 when idle that long (idle), and never 0 while there is demand.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from policies.stages import (
     cost,
     demand,
     feedback,
+    idle,
     leadtime,
     learn,
     placement,
@@ -59,6 +61,7 @@ STAGES: tuple[Stage, ...] = (
     budget.stage,  # 12: replicas and warm slots within the GPU budget
     shedding.stage,  # 13: shed levels and the saturation guard
     cost.stage,  # 14: GPUs held and their price
+    idle.stage,  # 15: scale to zero when idle for idle_after_s, wake at once on demand
 )
 
 

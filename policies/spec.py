@@ -15,6 +15,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PRIORITY_CLASSES: dict[str, int] = {"critical": 1, "standard": 0, "sheddable": -1}
+IDLE_MIN_TICKS = 4  # idle_after_s spans at least this many ticks of zero demand
 
 
 class PolicySpec(BaseModel):
@@ -105,6 +106,10 @@ class PolicySpec(BaseModel):
         0, le=1, description="Only priorities below this are ever shed (Gateway API: negative = sheddable)."
     )
     priorities: dict[str, int] = Field(default_factory=lambda: dict(PRIORITY_CLASSES), min_length=1)
+    idle_after_s: float | None = Field(
+        None, gt=0, description="Scale to zero (replicas and warm slots) after this long with no request arriving, "
+        "none in flight and none queued (None: never); any demand wakes it to at least one replica at once."
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "PolicySpec":
@@ -130,6 +135,11 @@ class PolicySpec(BaseModel):
         if self.forecast_bucket_s < self.tick_s:
             raise ValueError(
                 f"forecast_bucket_s ({self.forecast_bucket_s}) must be >= tick_s ({self.tick_s})"
+            )
+        if self.idle_after_s is not None and self.idle_after_s < IDLE_MIN_TICKS * self.tick_s:
+            raise ValueError(
+                f"idle_after_s ({self.idle_after_s:g}) must be at least {IDLE_MIN_TICKS} ticks "
+                f"({IDLE_MIN_TICKS * self.tick_s:g} s): one quiet scrape is not idleness"
             )
         return self
 

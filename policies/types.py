@@ -80,6 +80,9 @@ class Signals:
     arrivals_total: Sample | None = None
     # Per-priority arrival rates as the admission endpoint counts them (name -> req/s), for shedding.
     arrival_rate_by_priority: Mapping[str, float] = field(default_factory=dict)
+    # Requests held at the gateway waiting for a replica while the model is at zero (llm-d's flow-control
+    # queue, the admission endpoint's holds): demand that wakes a model scaled to zero (stages/idle.py).
+    held_requests: Sample | None = None
 
 
 # The measured signals, in field order: every reader of samples (the loop, recordings, sanitizing) uses this list.
@@ -100,6 +103,7 @@ class Clean:
     service_time_s: float | None
     arrival_rate_by_priority: Mapping[str, float]
     dropped: tuple[str, ...]
+    held_requests: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,10 @@ class PolicyState:
     # Growth risk for the warm pool (ratio, why), computed once per forecast bucket (the bucket start it is for).
     growth_risk: tuple[float, str] | None = None
     growth_risk_for_s: float | None = None
+    # Since when every demand signal has read zero, present and fresh (stages/idle.py); None: not idle.
+    idle_since_s: float | None = None
+    # When the last wake from zero ordered replicas, until they are all Ready or the queue is drained.
+    woke_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

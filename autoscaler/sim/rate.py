@@ -25,6 +25,10 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
 - the queue the policy reads is the backlog plus the M/M/c mean queue C_eff a / (c - a), never more than
   the previous reading plus the tick's admitted arrivals (requests are conserved; near a = c the
   stationary formula alone has no bound).
+Scale to zero (`max_hold_s` set): a tick's admitted arrivals while no replica is ready at its middle are
+held (`hold.py`) and released when the first replica is Ready (at the start of a later tick that has one,
+or at the first Ready within it): their hold is that time from the middle of their tick. In the fluid they
+wait in the backlog (an infinite wait while no slot exists: an SLO miss), and `held_requests` reads them.
 This costs O(1) per tick, so 14 days at 15-s ticks simulate in seconds.
 """
 
@@ -37,6 +41,7 @@ import numpy as np
 
 from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
+from autoscaler.sim.hold import Holds
 from autoscaler.sim.workload import RateWorkload
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
@@ -119,7 +124,8 @@ def _beyond(start: list[float], ratios: list[float], bounds: list[float], i: int
 
 
 class RateSim:
-    def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5):
+    def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
+                 max_hold_s: float | None = None):
         self.w = workload
         self.k = concurrency
         self.slo_s = slo_s
@@ -135,6 +141,8 @@ class RateSim:
         self.shed = np.zeros(len(self.classes))
         self.shed_ticks = np.zeros(len(self.classes), dtype=int)  # ticks in which a class had requests shed
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
+        self.holds = Holds(max_hold_s) if max_hold_s is not None else None
+        self._pending: list[tuple[float, float]] = []  # (requests, held since) while no replica is ready
 
     def _window(self, t: float) -> int:
         return min(len(self.w.rate_per_s) - 1, max(0, int(t // self.w.window_s)))
@@ -160,6 +168,7 @@ class RateSim:
             arrival_rate_per_s=Sample(float(by_class.sum()), now),
             service_time_s=Sample(float(self.w.service_s[self._window(now - self.tick_s)]), now),
             arrival_rate_by_priority={c: float(by_class[i]) for i, c in enumerate(self.classes)},
+            held_requests=Sample(sum(r for r, _ in self._pending), now) if self.holds is not None else None,
         )
 
     def serve(
@@ -181,6 +190,8 @@ class RateSim:
         admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
         shed_now += rejected
         admitted = float(admitted_by_class.sum())
+        if self.holds is not None:
+            self._hold(start, end, cluster, admitted)
         offered = admitted / dt * service
         if slots > 0 and offered < slots:
             stationary = erlang_c(slots, offered)
@@ -285,8 +296,29 @@ class RateSim:
             b, left = end, left - span
         return admitted, np.where(np.isfinite(depth), np.maximum(offered - admitted, 0.0), 0.0), waits, b
 
+    def _hold(self, start: float, end: float, cluster: Cluster, admitted: float) -> None:
+        """Hold the tick's admitted arrivals if no replica is ready at its middle; release every held request
+        at the first Ready of the tick (its start if one is ready then)."""
+        assert self.holds is not None
+        if admitted > 0 and cluster.ready(start + (end - start) / 2) == 0:
+            self._pending.append((admitted, start + (end - start) / 2))
+        ready_at = start if cluster.ready(start) else min(cluster.ready_times_between(start, end), default=None)
+        if ready_at is None:
+            return
+        keep = []
+        for requests, since in self._pending:
+            if since <= ready_at:
+                self.holds.add(ready_at - since, requests)
+            else:
+                keep.append((requests, since))
+        self._pending = keep
+
     def finish(self, end: float) -> None:
-        return None
+        """Requests still held at the end were held at least until then."""
+        if self.holds is not None:
+            for requests, since in self._pending:
+                self.holds.add(end - since, requests)
+            self._pending = []
 
     def outcome(self) -> dict:
         attainment, shed_by_class = {}, {}
@@ -301,6 +333,7 @@ class RateSim:
             "shed_fraction": float(self.shed.sum() / self.total.sum()) if self.total.sum() > 0 else 0.0,
             "p99_queue_wait_s": self._p99(),
             "shed_time_s": {name: float(self.shed_ticks[i] * self.tick_s) for i, name in enumerate(self.classes)},
+            **({"hold": self.holds.figures()} if self.holds is not None else {}),
         }
 
     def _p99(self) -> float:

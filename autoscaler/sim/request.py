@@ -9,6 +9,10 @@ against Erlang C.
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
 
+Scale to zero (`max_hold_s` set): a request that arrives while no replica is ready is held (`hold.py`):
+it waits in the same FCFS queue for the first Ready replica, its wait counts against the SLO, and it is
+reported apart; the signals then carry `held_requests`, the requests queued while no replica is ready.
+
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
 minute, queue and in-flight gauges.
@@ -24,6 +28,7 @@ import numpy as np
 
 from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
+from autoscaler.sim.hold import Holds
 from autoscaler.sim.workload import RequestWorkload
 from policies.admission import carried_queue
 from policies.types import Sample, Signals
@@ -34,7 +39,7 @@ INF = math.inf
 
 class RequestSim:
     def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float,
-                 probe_s: float = 1.0) -> None:
+                 probe_s: float = 1.0, max_hold_s: float | None = None) -> None:
         self.w = workload
         self.tick_s = tick_s
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
@@ -63,6 +68,8 @@ class RequestSim:
             onehot[c, 1:] = np.cumsum(workload.priority == c)
         self._cum_class = onehot
         self._cum_tokens = np.concatenate([[0.0], np.cumsum(workload.output_tokens)])
+        self.max_hold_s = max_hold_s
+        self.held = np.zeros(n, dtype=bool)  # arrived while no replica was ready (only with max_hold_s)
 
     # -- what the controller sees ---------------------------------------------------------------------------
     def signals(self, now: float, cluster: Cluster) -> Signals:
@@ -84,6 +91,9 @@ class RequestSim:
         state = cluster.state()
         capacity = state.ready_replicas * self.k
         headroom = 1.0 - min(1.0, self._busy / capacity) if capacity else 0.0
+        held = None
+        if self.max_hold_s is not None:
+            held = Sample(0.0 if state.ready_replicas else float(len(self._queue)), now)
         return Signals(
             cluster=state,
             queue_depth=Sample(float(len(self._queue)), now),
@@ -94,6 +104,7 @@ class RequestSim:
             arrival_rate_per_s=Sample(float(hi - tick_lo) / tick, now),
             service_time_s=Sample(service, now),
             arrival_rate_by_priority=by_class,
+            held_requests=held,
         )
 
     # -- serving ---------------------------------------------------------------------------------------------
@@ -113,6 +124,7 @@ class RequestSim:
         cap = cluster.ready(start) * k
         ready_events = deque(sorted(cluster.ready_times_between(start, end)))
         busy, i, n = self._busy, self._i, self.n
+        holding = self.max_hold_s is not None
         while queue and busy < cap:  # capacity that landed since the previous interval
             j = queue.popleft()
             wait[j] = start - arr[j]
@@ -154,6 +166,8 @@ class RequestSim:
                         shed_out[j] = True
                         continue
                 self._since += 1
+                if holding and cap == 0:
+                    self.held[j] = True
                 if busy < cap and not queue:
                     wait[j] = 0.0
                     heapq.heappush(heap, t + svc[j])
@@ -194,4 +208,14 @@ class RequestSim:
             "shed_time_s": {name: float(len(np.unique(self.w.arrival_s[self.shed & (self.w.priority == c)]
                                                       // self.tick_s)) * self.tick_s)
                             for c, name in enumerate(self.classes)},
+            **self._holds(),
         }
+
+    def _holds(self) -> dict:
+        """{"hold": figures} with scale to zero modelled, else nothing (the outcome is as without it)."""
+        if self.max_hold_s is None:
+            return {}
+        holds = Holds(self.max_hold_s)
+        for wait in self.wait[self.held & ~self.shed]:
+            holds.add(float(wait))
+        return {"hold": holds.figures()}

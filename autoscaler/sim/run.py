@@ -42,6 +42,9 @@ class SimConfig:
     arrival_seed: int = 5  # rate traces: the per-tick draw of each client's arrivals
     cluster: ClusterModel = field(default_factory=ClusterModel)
     server: ServerModel = field(default_factory=ServerModel)
+    # Scale to zero: requests arriving while no replica is ready are held up to this long (sim/hold.py);
+    # None: not modelled (no hold figures, no held_requests signal).
+    max_hold_s: float | None = None
 
     @property
     def cold_start_s(self) -> float:
@@ -104,9 +107,11 @@ def run(
     started = time.perf_counter()
     k = config.server.concurrency
     if isinstance(workload, RequestWorkload):
-        sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s)
+        sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
+                                               max_hold_s=config.max_hold_s)
     else:
-        sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed)
+        sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed,
+                      max_hold_s=config.max_hold_s)
     cluster: Cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
     state = policy.state
     shed: dict[str, float] = {}

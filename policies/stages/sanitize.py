@@ -35,6 +35,7 @@ PLAUSIBLE_MAX = {
     "token_rate_per_s": 1e10,
     "arrival_rate_per_s": MAX_RATE_PER_S,
     "service_time_s": 86400.0,
+    "held_requests": 1e8,
 }
 MAX_REPLICA_COUNT = 1_000_000  # replicas, pods or slots of one target
 _COUNTS = ("spec_replicas", "ready_replicas", "starting_replicas", "unschedulable_pods", "no_capacity_pods",
@@ -92,7 +93,7 @@ TRACKED = SAMPLE_SIGNALS + ("cluster",)
 # Signals whose loss hides demand: while one of them is dropped the policy never scales down. The others
 # (p99, memory headroom, tokens, service time) are dropped and named but do not block: a latency histogram
 # is legitimately NaN when nothing completed in the window, i.e. whenever traffic is idle.
-CRITICAL = ("queue_depth", "in_flight", "arrival_rate_per_s", "arrivals_total", "cluster")
+CRITICAL = ("queue_depth", "in_flight", "arrival_rate_per_s", "arrivals_total", "held_requests", "cluster")
 
 
 def blocks_scale_down(dropped: tuple[str, ...]) -> bool:

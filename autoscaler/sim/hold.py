@@ -1,0 +1,57 @@
+"""Requests held at the gateway while a model has no ready replica (scale to zero), and what the hold cost.
+
+While a model is at 0 ready replicas, an arriving request is held (the admission endpoint, or llm-d's
+flow control, keeps it) until the first replica is Ready, then released first come first served into the
+replicas' queue. Its hold is its wait until that release; the wait counts against the SLO like any queue
+wait (the simulators' waits include it). A request held longer than `max_hold_s` is dropped: the gateway
+answers 503 with Retry-After. It is counted here and as an SLO miss; the simulators still serve it (a
+client's retry, which the trace does not have), so the figures after a drop are slightly pessimistic.
+
+Figures, weighted by requests (the rate-level simulator holds fractions of a tick's arrivals):
+`held_requests`, `hold_p50_s`, `hold_p99_s`, `dropped_held`, `max_hold_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MARGIN_S = 60.0  # beyond the slowest cold start the simulated cluster can draw
+
+
+def default_max_hold_s(worst_cold_start_s: float) -> float:
+    """The longest hold before a 503: the slowest cold start (new node and pod start-up) plus a margin."""
+    return worst_cold_start_s + MARGIN_S
+
+
+@dataclass
+class Holds:
+    max_hold_s: float
+    _holds_s: list[float] = field(default_factory=list)
+    _weights: list[float] = field(default_factory=list)
+
+    def add(self, hold_s: float, requests: float = 1.0) -> None:
+        if requests > 0:
+            self._holds_s.append(hold_s)
+            self._weights.append(requests)
+
+    def figures(self) -> dict:
+        holds, weights = np.array(self._holds_s), np.array(self._weights)
+        total = float(weights.sum())
+        return {
+            "held_requests": round(total, 1),
+            "hold_p50_s": _quantile(holds, weights, 0.5),
+            "hold_p99_s": _quantile(holds, weights, 0.99),
+            "dropped_held": round(float(weights[holds > self.max_hold_s].sum()), 1),
+            "max_hold_s": round(self.max_hold_s, 1),
+        }
+
+
+def _quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float | None:
+    """The weighted q-quantile (the smallest value with at least q of the weight at or below it)."""
+    if not len(values) or weights.sum() <= 0:
+        return None
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    return round(float(values[order][np.searchsorted(cum, q * cum[-1])]), 1)

@@ -1,0 +1,109 @@
+"""Scale to zero in the simulators and the benchmark: requests arriving while no replica is ready are held
+until the first Ready replica, their wait counts against the SLO, and they are reported apart."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autoscaler.sim.cluster import ClusterModel, SimCluster
+from autoscaler.sim.hold import Holds
+from autoscaler.sim.rate import RateSim
+from autoscaler.sim.request import RequestSim
+from autoscaler.sim.workload import RateWorkload, RequestWorkload
+from loadtest import bench
+
+MODEL = ClusterModel(startup_s=60.0, node_provisioning_s=0.0, startup_jitter_ratio=0.0, node_jitter_ratio=0.0)
+
+
+def requests(arrival_s, service_s=1.0):
+    n = len(arrival_s)
+    return RequestWorkload(name="t", scale=1.0, arrival_s=np.asarray(arrival_s, dtype=float),
+                           service_s=np.full(n, service_s), output_tokens=np.zeros(n), priority=np.zeros(n, dtype=int),
+                           uniform=np.full(n, 0.99), span_s=200.0)
+
+
+def test_requests_at_zero_are_held_until_the_first_ready_replica():
+    """At zero from t=0, three requests arrive at 5, 6 and 7 s; a replica ordered at 15 s is Ready at 75 s:
+    each is held until then (70, 69, 68 s), misses the 2-s SLO, and none is dropped (max hold 100 s)."""
+    sim = RequestSim(requests([5.0, 6.0, 7.0, 100.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=100.0)
+    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+    for now in np.arange(0.0, 200.0, 15.0):
+        cluster.advance(now)
+        signals = sim.signals(now, cluster)
+        if now == 15.0:
+            assert signals.held_requests.value == 3  # what the gateway holds, for the policy's wake
+            cluster.scale_to(1)
+        sim.serve(now, now + 15.0, cluster, {})
+    sim.finish(200.0)
+    outcome = sim.outcome()
+    np.testing.assert_allclose(sim.wait[:3], [70.0, 69.0, 68.0])
+    assert outcome["hold"] == {"held_requests": 3.0, "hold_p50_s": 69.0, "hold_p99_s": 70.0, "dropped_held": 0.0,
+                               "max_hold_s": 100.0}
+    assert outcome["slo_attainment"]["critical"] == pytest.approx(0.25)  # only the request at 100 s met it
+    tight = RequestSim(requests([5.0, 6.0, 7.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=68.5)
+    tight.held[:] = True
+    tight.wait[:] = [70.0, 69.0, 68.0]
+    assert tight.outcome()["hold"]["dropped_held"] == 2.0  # held past max_hold_s: 503 and counted
+
+
+def test_without_max_hold_s_nothing_is_reported_or_signalled():
+    sim = RequestSim(requests([5.0]), concurrency=4, slo_s=2.0, tick_s=15.0)
+    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+    assert sim.signals(15.0, cluster).held_requests is None
+    assert "hold" not in sim.outcome()
+
+
+def test_the_rate_simulator_holds_a_ticks_arrivals_until_the_first_ready():
+    windows = 2
+    workload = RateWorkload(name="r", scale=1.0, window_s=600.0, rate_per_s=np.array([1.0, 1.0]),
+                            client_rate_per_s=np.ones((1, windows)), client_cv2=np.full((1, windows), 1e-6),
+                            service_s=np.full(windows, 1.0), output_tokens=np.zeros(windows),
+                            priority_mix=(1.0, 0.0, 0.0), span_s=1200.0)
+    sim = RateSim(workload, concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=300.0)
+    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+    cluster.scale_to(1)  # Ready at 60 s: the ticks from 0, 15, 30 and 45 s are held 52.5, 37.5, 22.5, 7.5 s
+    for now in np.arange(0.0, 120.0, 15.0):
+        cluster.advance(now)
+        if now == 30.0:
+            assert sim.signals(now, cluster).held_requests.value == pytest.approx(30.0, rel=1e-3)
+        sim.serve(now, now + 15.0, cluster, {})
+    sim.finish(120.0)
+    hold = sim.outcome()["hold"]
+    assert hold["held_requests"] == pytest.approx(60.0, rel=1e-3)
+    assert hold["hold_p50_s"] == 22.5 and hold["hold_p99_s"] == 52.5 and hold["dropped_held"] == 0.0
+
+
+def test_weighted_hold_quantiles():
+    holds = Holds(max_hold_s=10.0)
+    holds.add(1.0, 98.0)
+    holds.add(20.0, 2.0)
+    assert holds.figures() == {"held_requests": 100.0, "hold_p50_s": 1.0, "hold_p99_s": 20.0, "dropped_held": 2.0,
+                               "max_hold_s": 10.0}
+    assert Holds(max_hold_s=1.0).figures()["hold_p99_s"] is None
+
+
+ARGS = ["--trace", "scenario:on-off-4h", "--peak-replicas", "2", "--policies", "predictive", "--json"]
+
+
+def test_bench_with_idle_after_s_runs_predictive_zero_and_reports_holds(capsys):
+    assert bench.main(ARGS) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in off] == ["predictive", "clairvoyant"] and all("hold" not in r for r in off)
+    assert bench.main(ARGS + ["--idle-after-s", "300"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows) == ["predictive", "predictive-zero", "clairvoyant"]
+    zero, kept = rows["predictive-zero"]["hold"], rows["predictive"]["hold"]
+    assert kept["held_requests"] == 0  # never at zero
+    assert zero["held_requests"] > 0 and 0 < zero["hold_p50_s"] <= zero["hold_p99_s"]
+    assert zero["hold_p50_s"] >= 0.5 * 120.0  # at least a pod start-up (of the jittered 120 s) per wake
+    for name in ("predictive", "clairvoyant"):  # the flag changes nothing else
+        assert {k: v for k, v in rows[name].items() if k not in ("hold", "wall_s")} == \
+            {k: v for k, v in next(r for r in off if r["policy"] == name).items() if k != "wall_s"}
+
+
+def test_bench_refuses_a_too_short_idle_window_and_max_hold_without_it(capsys):
+    assert bench.main(ARGS + ["--idle-after-s", "30"]) == 2
+    assert "idle_after_s (30) must be at least 4 ticks" in capsys.readouterr().err
+    assert bench.main(ARGS + ["--max-hold-s", "100"]) == 2
+    assert "--max-hold-s needs --idle-after-s" in capsys.readouterr().err
