@@ -44,8 +44,11 @@ kube:
 image: system
 	@loadtest/image/build.sh
 
+# Import contracts (layers, no cycles), ruff (lint only), mypy (strict on policies/); settings in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy
 
 test: lint system kube
 	$(PY) -m pytest
