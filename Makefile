@@ -68,7 +68,7 @@ lock:
 	mv constraints.new constraints.txt && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis replay-out e2e-out
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache replay-out e2e-out
 
 # Regenerate the KEDA gRPC stubs after editing the proto.
 proto: $(STAMP)
