@@ -44,8 +44,11 @@ kube:
 image: system
 	@loadtest/image/build.sh
 
+# Import contracts (layers, no cycles), ruff (lint only), mypy (strict on policies/); settings in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy
 
 test: lint system kube
 	$(PY) -m pytest
@@ -65,7 +68,7 @@ lock:
 	mv constraints.new constraints.txt && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis replay-out e2e-out
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache replay-out e2e-out
 
 # Regenerate the KEDA gRPC stubs after editing the proto.
 proto: $(STAMP)

@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoscaler", description="Predictive autoscaling for GPU model servers.")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("run", help="run the controller for one target")
-    c.add_argument("--config", default=None, help="YAML config (the ConfigMap; example: deploy/base/configmap.yaml); AUTOSCALER_* variables override it "
-                   "(default: the AUTOSCALER_* variables alone)")
+    c.add_argument("--config", default=None,
+                   help="YAML config (the ConfigMap; example: deploy/base/configmap.yaml); AUTOSCALER_* variables "
+                   "override it (default: the AUTOSCALER_* variables alone)")
     c.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the in-cluster service account)")
     c.set_defaults(handler=_run)
     p = sub.add_parser("replay", help="dry run: what the policy would have done for recorded signals or a trace")
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=None,
                    help="control-loop period (default: the policy's)")
     p.add_argument("--default-priority", default="standard",
-                   help="simulated: the class of requests a recording has no per-priority rates for (default: %(default)s)")
+                   help="simulated: the class of requests a recording has no per-priority rates for "
+                   "(default: %(default)s)")
     p.add_argument("--priority-mix", default=None,
                    help="trace: shares of the policy's classes, highest first (default 0.2,0.5,0.3)")
     p.add_argument("--out", default=None,
@@ -124,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("input", help="a recording (as for replay) or a trace (Azure/Mooncake file, ServeGen folder)")
     a.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus", "trace"],
                    help="input format (default: %(default)s, from the file name and content)")
-    a.add_argument("--policy", default=None, help="policy fields (slots per replica, SLO, priorities) to size with (default: built-in)")
+    a.add_argument("--policy", default=None,
+                   help="policy fields (slots per replica, SLO, priorities) to size with (default: built-in)")
     a.add_argument("--startup-s", type=number(above=0), default=None,
                    help="pod start-up (default: measured, else the policy's)")
     a.add_argument("--node-provisioning-s", type=number(at_least=0), default=None,
@@ -134,14 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="traces: scale so the busiest minute needs this many replicas, as the benchmark does "
                         "(default: unscaled, or --scale)")
     a.add_argument("--out", type=Path, default=None, help="folder for report.html (default ./analyze-out)")
-    a.add_argument("--json", action="store_true", help="print one JSON document instead of the summary (default: the summary)")
-    a.add_argument("--write-config", type=Path, default=None, help="write the recommended policy section here (default: not written)")
+    a.add_argument("--json", action="store_true",
+                   help="print one JSON document instead of the summary (default: the summary)")
+    a.add_argument("--write-config", type=Path, default=None,
+                   help="write the recommended policy section here (default: not written)")
     a.set_defaults(handler=_analyze)
-    v = sub.add_parser("serve", help="the KEDA gRPC scaler and the admission endpoint on this machine, from a recording")
+    v = sub.add_parser("serve",
+                       help="the KEDA gRPC scaler and the admission endpoint on this machine, from a recording")
     v.add_argument("--replay", required=True, help="recording whose decisions are served (as for replay)")
     v.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus"],
                    help="input format (default: %(default)s, from the file name and content)")
-    v.add_argument("--policy", default=None, help="YAML file of policy fields, or a controller config (default: built-in)")
+    v.add_argument("--policy", default=None,
+                   help="YAML file of policy fields, or a controller config (default: built-in)")
     v.add_argument("--tick-s", type=float, default=None, help="control-loop period (default: the policy's)")
     v.add_argument("--speed", type=float, default=60.0,
                    help="seconds of recording per second of wall time, 1 = its own pace "
@@ -149,8 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="address both servers listen on (default: %(default)s)")
     v.add_argument("--grpc-port", type=int, default=9090, help="KEDA external scaler port (default: %(default)s)")
     v.add_argument("--admission-port", type=int, default=8081, help="admission endpoint port (default: %(default)s)")
-    v.add_argument("--namespace", default="llm", help="the ScaledObject's namespace KEDA asks for (default: %(default)s)")
-    v.add_argument("--scaled-object", default="model", help="the ScaledObject's name KEDA asks for (default: %(default)s)")
+    v.add_argument("--namespace", default="llm",
+                   help="the ScaledObject's namespace KEDA asks for (default: %(default)s)")
+    v.add_argument("--scaled-object", default="model",
+                   help="the ScaledObject's name KEDA asks for (default: %(default)s)")
     v.add_argument("--exit-at-end", action="store_true",
                    help="stop after the last tick (default: keep serving the last decision until Ctrl-C)")
     v.set_defaults(handler=_serve)

@@ -69,7 +69,8 @@ class PrometheusConfig(_Strict):
     timeout_s: float = Field(3.0, gt=0, le=60)
     selector: str = Field("", description="Label matchers put into every preset query, e.g. namespace=\"llm\".")
     queries: dict[str, str] = Field(
-        default_factory=dict, max_length=64, description="Per-signal PromQL overriding the preset; keys are signal names "
+        default_factory=dict, max_length=64,
+        description="Per-signal PromQL overriding the preset; keys are signal names "
         "(`policies.Signals` fields, or arrival_rate_<class> for a priority class of the policy).")
     dcgm_memory: bool = Field(False, description="GPU memory headroom from DCGM framebuffer metrics.")
     rate_window_s: float = Field(60.0, gt=0, le=3600, description="Window of rate() in the preset queries.")

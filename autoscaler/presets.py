@@ -38,7 +38,8 @@ PRESETS: dict[str, dict[str, str]] = {
         "queue_depth": "sum(sglang:num_queue_reqs{$selector})",
         "in_flight": "sum(sglang:num_running_reqs{$selector})",
         "p99_latency_s": (
-            "histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{$selector}[$window])))"
+            "histogram_quantile(0.99, sum by (le) "
+            "(rate(sglang:e2e_request_latency_seconds_bucket{$selector}[$window])))"
         ),
         "gpu_memory_headroom_ratio": "1 - avg(sglang:token_usage{$selector})",
         "token_rate_per_s": "sum(rate(sglang:generation_tokens_total{$selector}[$window]))",
@@ -50,7 +51,9 @@ PRESETS: dict[str, dict[str, str]] = {
     "tgi": {
         "queue_depth": "sum(tgi_queue_size{$selector})",
         "in_flight": "sum(tgi_batch_current_size{$selector})",
-        "p99_latency_s": "histogram_quantile(0.99, sum by (le) (rate(tgi_request_duration_bucket{$selector}[$window])))",
+        "p99_latency_s": (
+            "histogram_quantile(0.99, sum by (le) (rate(tgi_request_duration_bucket{$selector}[$window])))"
+        ),
         "token_rate_per_s": "sum(rate(tgi_request_generated_tokens_sum{$selector}[$window]))",
         "arrival_rate_per_s": (
             "sum(rate(tgi_request_count{$selector}[$window]))"
@@ -94,7 +97,9 @@ SCRAPE: dict[str, dict[str, str]] = {
         "kv_usage": "sglang:token_usage",
         "arrivals_total": "sglang:num_requests",
     },
-    "tgi": {"queue_depth": "tgi_queue_size", "in_flight": "tgi_batch_current_size", "arrivals_total": "tgi_request_count"},
+    "tgi": {
+        "queue_depth": "tgi_queue_size", "in_flight": "tgi_batch_current_size", "arrivals_total": "tgi_request_count",
+    },
     "triton": {"queue_depth": "nv_inference_pending_request_count", "arrivals_total": "nv_inference_count"},
 }
 

@@ -211,8 +211,8 @@ def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | N
                           namespace_max_gpus=capacity.namespace_max_gpus, kueue=capacity.kueue,
                           kueue_version=capacity.kueue_api_version)
     return ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name, warm_pool=warm_pool,
-                         nodes=NodeReader(kube, prices=capacity.gpu_hour_price) if capacity.read_nodes else None, budget=budget,
-                         gpu_resource=capacity.gpu_resource)
+                         nodes=NodeReader(kube, prices=capacity.gpu_hour_price) if capacity.read_nodes else None,
+                         budget=budget, gpu_resource=capacity.gpu_resource)
 
 
 def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,

@@ -149,7 +149,8 @@ def frontier_main(args: argparse.Namespace, setup) -> int:
         return 0
     print(f"trace {setup.workload.name}: floor {floor:.2f} GPU-h, clairvoyant {clairvoyant:.2f} {unit}, "
           f"replica bound {setup.bound}")
-    print(f"{'policy':<12} {'knob':<22} {unit + ' at target':>16} {'x floor':>8} {'x clairv':>9}  points (value: {unit} crit%)")
+    print(f"{'policy':<12} {'knob':<22} {unit + ' at target':>16} {'x floor':>8} {'x clairv':>9}  "
+          f"points (value: {unit} crit%)")
     for name, points in frontier.items():
         value = at[name]
         shown = f"{value:.2f}" if value is not None else "never"

@@ -213,7 +213,7 @@ def _fill_level(fill: _Fill, claims: list[tuple[ModelDemand, int, str]], previou
     """Weighted max-min of whole replicas among `claims` (model, replicas wanted, class to book them to)."""
     level_gpus = {m.name: 0.0 for m, _, _ in claims}
     wanted = {m.name: n for m, n, _ in claims}
-    heap = []
+    heap: list[tuple[float, str, int, ModelDemand, str]] = []
 
     def push(m: ModelDemand, cls: str) -> None:
         # half a replica of credit while within last tick's replicas: ties go to the incumbent (hysteresis)

@@ -35,7 +35,7 @@ def erlang_b(servers: int, offered: float) -> float:
     Assumes 0 < offered < servers (erlang_c handles the edges)."""
     # A probability is at most 1: clamping keeps rounding in huge systems from overflowing exp().
     log_pmf = min(0.0, servers * math.log(offered) - offered - math.lgamma(servers + 1))
-    cdf = gammaincc(servers + 1.0, offered)
+    cdf: float = gammaincc(servers + 1.0, offered)
     if cdf <= 0.0:
         return 1.0
     return math.exp(log_pmf) / cdf

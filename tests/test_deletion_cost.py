@@ -140,7 +140,7 @@ def test_a_pod_no_node_can_hold_goes_first_then_the_least_used_node_empties(clus
     before = wait_for(cluster, ns, lambda found: len(found) == 4 and sum(ready(p) for p in found.values()) == 3
                       and sum(not p["spec"].get("nodeName") for p in found.values()) == 1)
     placed = on_node(before)
-    [waiting], [on_small] = placed[None], placed[small]
+    [waiting], [_on_small] = placed[None], placed[small]  # exactly one pod on the small node
 
     written, errors = scale_down(cluster, ns, 2)  # one write removes two pods
 

@@ -39,8 +39,9 @@ PATHS = {
 @pytest.fixture(scope="module")
 def installed(cluster):
     assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})[0] in (201, 409)
-    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", model_deployment(NS, MODEL, 1))[0] == 201
-    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", model_deployment(NS, "other", 1))[0] == 201
+    deployments = f"/apis/apps/v1/namespaces/{NS}/deployments"
+    assert cluster.request("POST", deployments, model_deployment(NS, MODEL, 1))[0] == 201
+    assert cluster.request("POST", deployments, model_deployment(NS, "other", 1))[0] == 201
     created = []
     for doc in render("example"):
         path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", NS))
@@ -70,7 +71,8 @@ def impersonated(cluster, method, path, body=None, ns=NS):
                  "Impersonate-User": f"system:serviceaccount:{ns}:{SA}"},
     )
     try:
-        with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=cluster.ca_file), timeout=10) as r:
+        context = ssl.create_default_context(cafile=cluster.ca_file)
+        with urllib.request.urlopen(request, context=context, timeout=10) as r:
             return r.status
     except urllib.error.HTTPError as err:
         return err.code
@@ -324,7 +326,8 @@ def test_network_policy_component_admits_keda_the_gateway_and_monitoring_only_an
 def test_keda_tls_component_mounts_the_secret_and_sets_the_tls_config_and_the_trigger_authentication(tmp_path):
     from autoscaler.config import ScalerTLS
 
-    docs = render_overlay(tmp_path, namespace=NS, model=MODEL, resources=("base", "keda"), components=("model-name", "keda-tls"))
+    docs = render_overlay(tmp_path, namespace=NS, model=MODEL, resources=("base", "keda"),
+                          components=("model-name", "keda-tls"))
     spec = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]
     [volume] = [v for v in spec["volumes"] if "secret" in v]
     [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]

@@ -95,7 +95,8 @@ async def _faults(admission: AdmissionProcess, phase: list[str]) -> None:
     """up -> killed (connections refused) -> restarted -> stopped (connections accepted, never answered)
     -> resumed."""
     steps = [("killed", admission.kill), ("restarted", admission.start),
-             ("stopped", lambda: admission.signal(signal.SIGSTOP)), ("resumed", lambda: admission.signal(signal.SIGCONT))]
+             ("stopped", lambda: admission.signal(signal.SIGSTOP)),
+             ("resumed", lambda: admission.signal(signal.SIGCONT))]
     for name, action in steps:
         await asyncio.sleep(PHASE_S)
         await asyncio.to_thread(action)

@@ -188,7 +188,8 @@ def keda_tls(cluster, namespace: str, address: str, folder: Path) -> tuple[Scale
     server_files = {"tls.crt": server.cert, "tls.key": server.key, "ca.crt": ca.cert}
     for key, path in server_files.items():
         (mounted / key).write_bytes(path.read_bytes())
-    env = {e["name"].removeprefix("AUTOSCALER_KEDA__TLS__").lower(): e["value"].replace(mount["mountPath"], str(mounted))
+    prefix = "AUTOSCALER_KEDA__TLS__"
+    env = {e["name"].removeprefix(prefix).lower(): e["value"].replace(mount["mountPath"], str(mounted))
            for e in pod["containers"][0]["env"] if e["name"].startswith("AUTOSCALER_KEDA__TLS__")}
     auth = find(docs, "TriggerAuthentication")
     [client_secret] = {r["name"] for r in auth["spec"]["secretTargetRef"]}
@@ -258,7 +259,7 @@ def test_replicas_follow_every_decision_within_one_hpa_sync_including_one_replic
     for n in (41, 40, 39, 40, 42, 38):
         took[n] = step(scaler, watch, n, timeout_s=5 * HPA_SYNC_S)
         assert took[n] is not None, f"decision {n} not applied within {5 * HPA_SYNC_S:g} s: {watch.state}"
-        assert watch.holds(lambda s: s.get("replicas") == n, HPA_SYNC_S), f"{n} did not hold"
+        assert watch.holds(lambda s, n=n: s.get("replicas") == n, HPA_SYNC_S), f"{n} did not hold"
     print("seconds from decision to Deployment replicas:", {n: round(t, 2) for n, t in took.items()})
     # Each change lands on the HPA's next sync: at most one sync period, plus the metric read (adapter ->
     # operator -> scaler) and the write of the Deployment's scale.

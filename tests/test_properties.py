@@ -176,7 +176,8 @@ def any_signals(draw, now: float = 0.0):
 def _sound(spec: PolicySpec, d) -> None:
     """What every decision satisfies, whatever went in."""
     if d.valid:
-        assert spec.min_replicas <= d.replicas <= spec.max_replicas or (d.capped_by_budget and d.replicas <= spec.max_replicas)
+        assert (spec.min_replicas <= d.replicas <= spec.max_replicas
+                or (d.capped_by_budget and d.replicas <= spec.max_replicas))
         assert 0 <= d.warm_slots <= spec.max_warm_slots
     assert all(0.0 <= level <= 1.0 for level in d.shed.values())
     for x in (d.forecast_rate_per_s, d.forecast_upper_rate_per_s, d.lead_time_s, d.node_provisioning_s,

@@ -86,7 +86,9 @@ def test_a_gap_in_the_recording_is_stale_data_not_zero(tmp_path):
         ("d.csv", "queue_depth\n1\n", r"d\.csv:2: no time field"),
         ("e.jsonl", '{"t_s": 0, "queue_depth": 1}\n[1,2]\n', r"e\.jsonl:2: expected a JSON object"),
         ("f.json", '{"queue_depth": {"status": "error"}}', r"f\.json: signal 'queue_depth': field 'status'"),
-        ("g.json", '{"queue_depth": {"status": "success", "data": {"resultType": "matrix", "result": [{"values": [[0, "1"], [15]]}]}}}',
+        ("g.json",
+         '{"queue_depth": {"status": "success", "data": {"resultType": "matrix", '
+         '"result": [{"values": [[0, "1"], [15]]}]}}}',
          r"g\.json: signal 'queue_depth': series 0 point 1: field 'values'"),
         ("h.json", '{"queue_depth": ', r"h\.json:1: not JSON"),
     ],

@@ -84,7 +84,8 @@ def test_cli_prints_the_table_and_all_prints_every_tick(tmp_path, capsys):
     step_recording(tmp_path / "rec.csv")
     assert main(["replay", str(tmp_path / "rec.csv"), "--no-plot", "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"0:30:\d\d\s+\d+->\d+\s+2\s+\d+\s+-\s+scale up[a-z, ]*\s+(reactive|predictive): ", printed), printed
+    row = r"0:30:\d\d\s+\d+->\d+\s+2\s+\d+\s+-\s+scale up[a-z, ]*\s+(reactive|predictive): "
+    assert re.search(row, printed), printed
     assert "of sheddable requests (open loop" in printed
     changed = [line for line in printed.splitlines() if re.match(r"\s*\d+:\d\d:\d\d ", line)]
     assert main(["replay", str(tmp_path / "rec.csv"), "--no-plot", "--all", "--out", str(tmp_path / "o")]) == 0

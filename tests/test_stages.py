@@ -102,7 +102,8 @@ def test_node_provisioning_is_learned_per_node_type_and_the_slowest_type_counts(
     default, why = node_provisioning_s(spec, ())
     assert default == spec.node_provisioning_s and "no pod has waited" in why
     samples = ()
-    waits = tuple(("g5.xlarge", float(d)) for d in range(60, 160, 10)) + (("p5.48xlarge", 600.0), ("p5.48xlarge", 700.0))
+    waits = (tuple(("g5.xlarge", float(d)) for d in range(60, 160, 10))
+             + (("p5.48xlarge", 600.0), ("p5.48xlarge", 700.0)))
     for w in waits + (("g5.xlarge", -1.0), ("g5.xlarge", 1e9)):  # impossible durations are not samples
         clean, _ = sanitize(spec, signals(0.0, node_waits=(w,)), None, 0.0)
         samples = remember_node_waits(spec, samples, clean)

@@ -33,7 +33,8 @@ def test_workload_scales_to_tens_of_replicas_and_keeps_priorities_deterministic(
 
 def test_mooncake_jsonl(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 10}) for t in (0, 3000, 6000)))
+    rows = (json.dumps({"timestamp": t, "input_length": 100, "output_length": 10}) for t in (0, 3000, 6000))
+    path.write_text("\n".join(rows))
     trace = read_trace(path)
     assert list(trace.arrival_s) == [0.0, 3.0, 6.0]
 
@@ -53,12 +54,15 @@ def test_servegen_folder_aggregates_clients(tmp_path):
 @pytest.mark.parametrize(
     "name,content,match",
     [
-        ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,10,x\n", r"a\.csv:2: field 'GeneratedTokens'"),
+        ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,10,x\n",
+         r"a\.csv:2: field 'GeneratedTokens'"),
         ("b.csv", "TIMESTAMP,Tokens\n", r"b\.csv:1: header"),
         ("c.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n", r"c\.csv:2: field 'TIMESTAMP'"),
-        ("d.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n', r"d\.jsonl:2: field 'input_length' is missing"),
+        ("d.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n',
+         r"d\.jsonl:2: field 'input_length' is missing"),
         ("e.jsonl", "{not json\n", r"e\.jsonl:1: not JSON"),
-        ("f.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,-4,1\n", r"f\.csv:2: field 'ContextTokens': must be finite and >= 0"),
+        ("f.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,-4,1\n",
+         r"f\.csv:2: field 'ContextTokens': must be finite and >= 0"),
         ("g.txt", "hello", r"unknown trace format"),
     ],
 )

@@ -65,7 +65,8 @@ def ready_nodes(karp, *, at_least: int, timeout_s: float = 30.0) -> set[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         ready = {n["metadata"]["name"] for n in karp.nodes()
-                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in n.get("status", {}).get("conditions", []))}
         if len(ready) >= at_least or time.monotonic() > deadline:
             return ready
         time.sleep(0.25)

@@ -105,7 +105,8 @@ def from_recording(path: str, fmt: str, spec: PolicySpec) -> Demand:
         else spec.initial_service_time_s
     service = np.where(np.isfinite(service), service, fallback) if service is not None else np.full(len(rate), fallback)
     in_flight = _series(recording, "in_flight", times, age)
-    concurrency = np.where(np.isfinite(in_flight), in_flight, rate * service) if in_flight is not None else rate * service
+    concurrency = (np.where(np.isfinite(in_flight), in_flight, rate * service) if in_flight is not None
+                   else rate * service)
     loaded = _series(recording, "ready_replicas", times, age)
     if loaded is not None:
         loaded = np.where(np.isfinite(loaded), loaded, np.nan)

@@ -192,7 +192,9 @@ def duration_variance(d: Demand) -> dict:
     return out
 
 
-def shed_budget_level(d: Demand, spec: PolicySpec, *, max_shed: float = 0.05, peaks_share: float = 0.5) -> tuple[int, float]:
+def shed_budget_level(
+    d: Demand, spec: PolicySpec, *, max_shed: float = 0.05, peaks_share: float = 0.5
+) -> tuple[int, float]:
     """The fewest replicas whose excess demand the sheddable classes can absorb: above C replicas a tick
     needing N_t sheds about (N_t - C) / N_t of its requests, which must stay within the sheddable classes'
     share, and over the whole input within `peaks_share` of the `max_shed` they may lose (the other half is

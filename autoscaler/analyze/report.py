@@ -33,7 +33,7 @@ def summary(a: dict) -> str:
         f"4. classes ({a['classes']['source']}): " + "; ".join(
             f"{name} {c['share_of_requests']:.0%} of requests, shedding it saves {c['replicas_saved_at_peak_if_shed']} "
             f"replicas at the peak" for name, c in a["classes"]["per_class"].items()),
-        f"   durations: service time p50/p90/p99 = " + "/".join(f"{v:g}" for v in var["service_s"].values())
+        "   durations: service time p50/p90/p99 = " + "/".join(f"{v:g}" for v in var["service_s"].values())
         + f" s, c^2 = {var['squared_cv']}",
         "recommended policy:",
     ]

@@ -177,7 +177,8 @@ def _replay_trace(args: argparse.Namespace, spec: PolicySpec, out: Path) -> int:
 
     config = sim_config_for(spec)
     mix = _mix(args.priority_mix, spec.classes)
-    workload = build(read_trace(args.input), WorkloadConfig(server=config.server, classes=spec.classes, priority_mix=mix))
+    workload = build(read_trace(args.input),
+                     WorkloadConfig(server=config.server, classes=spec.classes, priority_mix=mix))
     check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.input, error=TraceError)
     initial = initial_replicas(needed_replicas(workload, config), config)
     bar, update = _progress(ticks(workload, config.tick_s), "simulate")

@@ -80,7 +80,8 @@ class Recording:
             ready = self.latest("ready_replicas", t)
             cluster = ClusterState(
                 spec_replicas=int(spec.value),
-                ready_replicas=int(ready.value) if ready is not None and math.isfinite(ready.value) else int(spec.value),
+                ready_replicas=(int(ready.value) if ready is not None and math.isfinite(ready.value)
+                                else int(spec.value)),
                 starting_replicas=count("starting_replicas"),
                 warm_slots_ready=count("warm_slots_ready"),
                 unschedulable_pods=count("unschedulable_pods"),

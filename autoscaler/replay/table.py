@@ -125,7 +125,8 @@ def format_table(found: list[Change], *, start_s: float) -> str:
     head = f"{'time':>8}  {'replicas':>9}  {'ready':>5}  {'warm':>4}  {'shedding':<16}  {'what':<22}  reason"
     lines = [head, "-" * len(head)]
     for c in found:
-        replicas = f"{c.previous}->{c.replicas}" if c.previous is not None and c.previous != c.replicas else str(c.replicas)
+        changed = c.previous is not None and c.previous != c.replicas
+        replicas = f"{c.previous}->{c.replicas}" if changed else str(c.replicas)
         ready = "" if c.ready in ("", None) else str(c.ready)
         lines.append(f"{clock(c.t_s - start_s):>8}  {replicas:>9}  {ready:>5}  {c.warm_slots:>4}  {c.shedding:<16}  "
                      f"{c.what:<22}  {c.reason}")
@@ -160,7 +161,8 @@ def summary(rows: list[dict], *, tick_s: float, sheddable: tuple[str, ...], shed
         recorded = [r.get("recorded_replicas") for r in rows if r.get("recorded_replicas") not in ("", None)]
         if len(recorded) == len(rows):
             ran = sum(int(float(v)) for v in recorded) * tick_s / 3600
-            text += f" (recorded: {ran:.1f} replica-hours, {min(map(float, recorded)):.0f} to {max(map(float, recorded)):.0f} replicas)"
+            text += (f" (recorded: {ran:.1f} replica-hours, {min(map(float, recorded)):.0f} to "
+                     f"{max(map(float, recorded)):.0f} replicas)")
         lines.append(text)
     for name in sheddable:
         lines.append(f"shed: {shed_by_class.get(name, 0.0):.2%} of {name} requests ({shed_basis})")

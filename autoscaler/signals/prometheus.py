@@ -67,7 +67,9 @@ class PrometheusSource:
                 try:
                     body = await response.json(content_type=None)
                 except (aiohttp.ContentTypeError, ValueError):
-                    raise PermanentError(f"query {query!r}: HTTP {response.status}, not JSON", kind="bad_response") from None
+                    raise PermanentError(
+                        f"query {query!r}: HTTP {response.status}, not JSON", kind="bad_response"
+                    ) from None
                 if response.status >= 400 and body.get("status") != "error":
                     raise PermanentError(f"query {query!r}: HTTP {response.status}", kind="query_error")
                 return parse_vector(body, query)

@@ -89,7 +89,8 @@ class ClusterModel:
     @property
     def worst_cold_start_s(self) -> float:
         """The slowest a new replica on a new node can be, given the jitter."""
-        return self.startup_s * (1 + self.startup_jitter_ratio) + self.node_provisioning_s * (1 + self.node_jitter_ratio)
+        return (self.startup_s * (1 + self.startup_jitter_ratio)
+                + self.node_provisioning_s * (1 + self.node_jitter_ratio))
 
 
 @dataclass

@@ -19,10 +19,12 @@ from loadtest.scenarios import SCENARIOS
 def _summary(doc: dict) -> str:
     a, s = doc["slo_attainment"], doc["simulated"]["slo_attainment"]
     lines = [f"scenario {doc['scenario']} at factor {doc['factor']:g}: {doc['requests']} requests, "
-             f"{doc['lost_requests']} lost, {doc['gpu_hours']:.2f} GPU-h (simulated {doc['simulated']['gpu_hours']:.2f})"]
+             f"{doc['lost_requests']} lost, {doc['gpu_hours']:.2f} GPU-h "
+             f"(simulated {doc['simulated']['gpu_hours']:.2f})"]
     for cls in a:
         lines.append(f"  {cls:<10} within SLO {a[cls]:.4%} (simulated {s.get(cls, float('nan')):.4%}), "
-                     f"shed {doc['shed_fraction'][cls]:.2%} (simulated {doc['simulated']['shed_fraction'].get(cls, 0):.2%}), "
+                     f"shed {doc['shed_fraction'][cls]:.2%} "
+                     f"(simulated {doc['simulated']['shed_fraction'].get(cls, 0):.2%}), "
                      f"p99 latency {doc['p99_latency_s'][cls] or 0:.2f} s")
     t = doc["simulated"].get("node_timings")
     if t:

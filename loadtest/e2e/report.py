@@ -48,7 +48,8 @@ def plot(path: Path, context: CheckContext) -> None:
     ax.step(t, [r["decided"] for r in timeline], where="post", label="decided")
     ax.step(t, [r["spec_replicas"] for r in timeline], where="post", label="Deployment spec", linestyle=":")
     ax.step(t, [r["model"]["ready"] for r in timeline], where="post", label="ready")
-    ax.step(t, [r["model"]["pending"] + r["model"]["starting"] for r in timeline], where="post", label="pending + starting")
+    ax.step(t, [r["model"]["pending"] + r["model"]["starting"] for r in timeline], where="post",
+            label="pending + starting")
     sim = context.sim.timeline
     ax.step([r["t_s"] / 60 for r in sim], [r["replicas"] for r in sim], where="post", label="simulated", alpha=0.5)
     ax.set_ylabel("replicas")
@@ -75,7 +76,8 @@ def plot(path: Path, context: CheckContext) -> None:
     for a in axes:
         a.grid(alpha=0.3)
     a = doc["slo_attainment"]
-    fig.suptitle(f"closed loop, scenario {doc['scenario']} at factor {doc['factor']:g}: critical {a.get('critical', 0):.3%}, "
+    fig.suptitle(f"closed loop, scenario {doc['scenario']} at factor {doc['factor']:g}: "
+                 f"critical {a.get('critical', 0):.3%}, "
                  f"standard {a.get('standard', 0):.3%}, {doc['gpu_hours']:.1f} GPU-h "
                  f"(simulated {doc['simulated']['gpu_hours']:.1f})")
     fig.tight_layout()

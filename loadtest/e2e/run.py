@@ -109,7 +109,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         lifetimes = dict(st.lifetimes)
         logs = {c.name: c.log.read_text() for c in st.controllers}
     fleet_file = out / "work" / "fleet.jsonl"
-    fleet_events = [json.loads(x) for x in fleet_file.read_text().splitlines() if x.strip()] if fleet_file.exists() else []
+    fleet_events = ([json.loads(x) for x in fleet_file.read_text().splitlines() if x.strip()]
+                    if fleet_file.exists() else [])
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
     live = client_figures(records, workload.classes, config.slo_s)
     cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)

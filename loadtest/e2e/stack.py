@@ -266,8 +266,9 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
             consolidate_after_s=config.node_idle_s / f))
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": PLACEHOLDER_CLASS},
-                  "value": -5, "preemptionPolicy": "Never", "globalDefault": False})
+        cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                  "metadata": {"name": PLACEHOLDER_CLASS}, "value": -5, "preemptionPolicy": "Never",
+                  "globalDefault": False})
         cp.apply(model_deployment(config, initial_replicas))
         targets = work / "targets.json"
         upstreams = work / "upstreams.conf"

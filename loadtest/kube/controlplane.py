@@ -254,7 +254,8 @@ def _aggregation_certs(tmp: Path) -> list[str]:
         f"--requestheader-client-ca-file={tmp}/front-proxy-ca.crt", "--requestheader-allowed-names=front-proxy-client",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-", "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-username-headers=X-Remote-User",
-        f"--proxy-client-cert-file={tmp}/front-proxy-client.crt", f"--proxy-client-key-file={tmp}/front-proxy-client.key",
+        f"--proxy-client-cert-file={tmp}/front-proxy-client.crt",
+        f"--proxy-client-key-file={tmp}/front-proxy-client.key",
     ]
 
 

@@ -46,7 +46,8 @@ def certificates(directory: Path) -> Path:
     """ca.crt, tls.crt and tls.key: one pair for serverAuth and clientAuth, valid for the in-cluster names
     and for loopback."""
     services = (OPERATOR_SERVICE, ADAPTER_SERVICE)
-    names = [f"DNS:{s}.{NAMESPACE}.svc" for s in services] + [f"DNS:{s}.{NAMESPACE}.svc.cluster.local" for s in services]
+    names = ([f"DNS:{s}.{NAMESPACE}.svc" for s in services]
+             + [f"DNS:{s}.{NAMESPACE}.svc.cluster.local" for s in services])
     names += ["DNS:localhost", "IP:127.0.0.1"]
     ca = authority(directory, subject="/O=KEDAORG/CN=KEDA")
     issue(ca, directory, subject=f"/CN={OPERATOR_SERVICE}", names=names)

@@ -27,6 +27,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     fs, now = tick.state.forecast, tick.now
     lines = []
     if fc.outage_held(spec, fs, now):
+        assert fs.outage_since_s is not None  # outage_held checked it
         lines.append(
             f"forecast: arrivals {tick.clean.arrival_rate_per_s or 0:.1f} req/s, far below the expected "
             f"{fc.point(fs, 1):.1f}: treated as an ingress outage since "

@@ -4,10 +4,10 @@ Erlang C sizes capacity as if arrivals were Poisson at the measured rate. Real t
 a tick (a client submits a batch at once), so the model's capacity can be right on average and still miss
 the SLO. When the measured p99 is above its target, the sizing headroom grows by `slo_feedback_step_ratio`
 per tick (up to `max_headroom_ratio`), but only when the replicas the policy last decided are all ready
-(a miss while ordered capacity is still landing is lateness, not a sizing error); while p99 stays under half the target it decays by
-`slo_feedback_decay_ratio` per tick back towards 1. Multiplicative increase and slow decay: it learns a
-workload's burstiness in minutes and forgets it over about an hour. E.g. five violating ticks in a row take
-1.0 to 1.05^5 ~ 1.28; with a 0.002 decay it then takes ~120 quiet ticks (30 min at 15 s) to return to 1.0.
+(a miss while ordered capacity is still landing is lateness, not a sizing error); while p99 stays under half
+the target it decays by `slo_feedback_decay_ratio` per tick back towards 1. Multiplicative increase and slow
+decay: it learns a workload's burstiness in minutes and forgets it over about an hour. E.g. five violating ticks
+in a row take 1.0 to 1.05^5 ~ 1.28; with a 0.002 decay it then takes ~120 quiet ticks (30 min at 15 s) to return to 1.0.
 """
 
 from __future__ import annotations

@@ -152,21 +152,22 @@ def _wanted_kind(spec: PolicySpec, n: int) -> str:
 def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
     """Close the open bucket (and fill skipped ones with the model's own forecast) once `now` passed it."""
     width = spec.forecast_bucket_s
-    if fs.bucket_start_s is None or now < fs.bucket_start_s + width:
+    opened_s = fs.bucket_start_s  # _step keeps it: the bucket closes where it opened
+    if opened_s is None or now < opened_s + width:
         return fs
     kept = max(1, int(spec.history_kept_s / width))
     values: list[float] = []
     if fs.bucket_n:
         values.append(fs.bucket_sum / fs.bucket_n)
         fs = _step(fs, values[-1])
-    skipped = int((now - fs.bucket_start_s) // width) - 1
+    skipped = int((now - opened_s) // width) - 1
     if fs.kind != "none":
         # A gap is filled with what the model expected for each skipped bucket, in order.
         for _ in range(min(skipped, spec.season_buckets)):
             values.append(point(fs, 1))
             fs = _step(fs, values[-1])
     history = (fs.history + tuple(values))[-kept:]
-    start = fs.bucket_start_s + (skipped + 1) * width
+    start = opened_s + (skipped + 1) * width
     return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
 
 

@@ -41,7 +41,8 @@ def growth_samples(spec: PolicySpec, history: tuple[float, ...], node_s: float |
     windows = np.lib.stride_tricks.sliding_window_view(y[1:], h)  # windows[i] = y[i+1 .. i+h]
     start = y[: len(windows)]
     floor = max(_FLOOR_OF_PEAK * float(y.max()), 1e-9)
-    return np.maximum(windows.max(axis=1) / np.maximum(start, floor) - 1.0, 0.0)
+    growth: np.ndarray = np.maximum(windows.max(axis=1) / np.maximum(start, floor) - 1.0, 0.0)
+    return growth
 
 
 def growth_risk(spec: PolicySpec, fs: ForecastState, now: float, node_s: float | None = None) -> tuple[float, str]:

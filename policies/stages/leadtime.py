@@ -11,6 +11,8 @@ Learned online from what the cluster shows:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
 
@@ -24,7 +26,7 @@ def remember_startups(spec: PolicySpec, samples: tuple[float, ...], clean: Clean
     return (samples + new)[-spec.startup_samples_kept :]
 
 
-def _percentile(spec: PolicySpec, samples) -> float:
+def _percentile(spec: PolicySpec, samples: Iterable[float]) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(spec.startup_percentile * len(ordered)))]
 

@@ -28,7 +28,8 @@ def unplaceable(spec: PolicySpec, cluster: ClusterState, node_s: float | None = 
     if count == 0:
         return 0, []
     why = (cluster.no_capacity_reason if said else
-           f"waiting for a node for {cluster.oldest_unschedulable_s:.0f} s, over {STUCK_LEAD_TIMES:g}x node provisioning")
+           f"waiting for a node for {cluster.oldest_unschedulable_s:.0f} s, "
+           f"over {STUCK_LEAD_TIMES:g}x node provisioning")
     # The line starts "capacity:" (the Event's message and the replay table pick it out by that prefix).
     return count, [f"capacity: {count} replicas cannot get a node ({why}); not counted as capacity on the way, "
                    f"no warm slots kept, low priorities shed while they wait"]

@@ -58,7 +58,8 @@ def reactive(
     rate, queue = clean.arrival_rate_per_s, clean.queue_depth
     if rate is not None:
         slots = servers_for(
-            rate_per_s=rate * sizing_ratio, service_s=service_s, wait_s=spec.slo_queue_wait_s, miss_ratio=spec.slo_miss_target_ratio
+            rate_per_s=rate * sizing_ratio, service_s=service_s, wait_s=spec.slo_queue_wait_s,
+            miss_ratio=spec.slo_miss_target_ratio,
         )
         drain = (queue or 0.0) * service_s / spec.slo_queue_wait_s
         needs.append((math.ceil((slots + drain) / k), f"{rate:.1f} req/s x {service_s:.2f} s, queue {queue or 0:.0f}"))
@@ -68,7 +69,8 @@ def reactive(
         needs.append((math.ceil(busy / k), f"in-flight {clean.in_flight:.0f} + queue {queue or 0:.0f}"))
     p99 = clean.p99_latency_s
     if spec.p99_latency_target_s is not None and p99 is not None and p99 > spec.p99_latency_target_s:
-        needs.append((ready + max(1, math.ceil(P99_STEP_RATIO * ready)), f"p99 {p99:.2f} s > {spec.p99_latency_target_s} s"))
+        step_replicas = max(1, math.ceil(P99_STEP_RATIO * ready))
+        needs.append((ready + step_replicas, f"p99 {p99:.2f} s > {spec.p99_latency_target_s} s"))
     memory = clean.gpu_memory_headroom_ratio
     floor = spec.gpu_memory_headroom_floor_ratio
     if memory is not None and memory < floor and ready > 0:

@@ -2,8 +2,8 @@
 
 A value that is NaN, negative, from the future or older than `max_signal_age_s` is dropped and named in
 `dropped`; it is never replaced by zero. A signal that was reported before and is absent now is dropped as
-missing too (a query that suddenly returns nothing); one never reported is simply not configured. A raw request counter that went down was reset (pod restart):
-that tick's rate is unknown.
+missing too (a query that suddenly returns nothing); one never reported is simply not configured. A raw request
+counter that went down was reset (pod restart): that tick's rate is unknown.
 
 Implausible magnitudes are dropped and named the same way (`PLAUSIBLE_MAX`): a reading beyond what any
 single model deployment could see is a broken exporter, query or unit, not demand, and sizing on it
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from policies.spec import PolicySpec
 from policies.types import SAMPLE_SIGNALS, Clean, ClusterState, Sample, Signals, Tick
@@ -160,7 +161,7 @@ def _cluster(cluster: ClusterState | None, now: float, max_age_s: float, dropped
         dropped.append(too_old)
         return None
     unknown = {"oldest_unschedulable_s": 0.0, "gpus_held": 0.0, "gpu_cost_per_hour": None}
-    bad = {name: default for name, default in unknown.items()
+    bad: dict[str, Any] = {name: default for name, default in unknown.items()
            if (value := getattr(cluster, name)) is not None and not (math.isfinite(value) and value >= 0)}
     for name in bad:
         dropped.append(f"cluster.{name}: {getattr(cluster, name)!r} is not a finite non-negative number")
