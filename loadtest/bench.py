@@ -33,6 +33,7 @@ from autoscaler.config import describe, read_yaml_mapping
 from autoscaler.errors import ConfigError, InputError, TraceError
 from autoscaler.flags import number
 from autoscaler.limits import check_ticks
+from autoscaler.progress import bar as progress_bar
 from autoscaler.sim.cluster import ClusterModel
 from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import PolicyRun, SimConfig, initial_replicas, needed_replicas, run, ticks
@@ -302,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         runs.insert(at, PolicyRun("predictive-zero", setup.zero_spec, decide, initial_state()))
     results = {}
     for policy in runs:
+        bar = progress_bar(total=ticks(workload, config.tick_s), label=policy.name)
         results[policy.name] = run(
             policy, workload, config, initial_replicas=setup.start(policy.name),
-            keep_timeline=args.timeline_dir is not None,
+            keep_timeline=args.timeline_dir is not None, progress=bar.update,
         )
+        bar.close()
     clairvoyant = results["clairvoyant"].costs.replica_gpu_hours
     rows = [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs]
     floor = floor_gpu_hours(workload, config)
