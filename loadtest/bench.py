@@ -138,8 +138,9 @@ def policy_overrides(args: argparse.Namespace) -> dict:
     return data
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench",
+               description: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     p.add_argument("--trace", default=str(BUNDLED_TRACE),
                    help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
     p.add_argument("--scale", type=number(above=0), default=None,
