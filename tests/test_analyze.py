@@ -96,6 +96,9 @@ def test_the_burst_ceiling_is_never_below_the_floor(capsys):
     assert ceiling["held_longer_than_cold_start_replicas"] < a["concurrency_floor"]["replicas"]
     assert ceiling["ceiling_replicas"] == a["concurrency_floor"]["replicas"] and ceiling["ceiling_raised_to_floor"]
     assert "burst ceiling 1 replicas (the floor: no higher level lasted a cold start)" in summary(a)
+    # the recommendation sizes from the level itself: the floor is kept anyway
+    assert f"held longer than a cold start needs {ceiling['held_longer_than_cold_start_replicas']:.0f} replicas" \
+        in a["recommended"]["why"]["max_replicas"]
 
 
 def test_a_recording_without_classes_says_so_in_words_and_in_panel_four():

@@ -225,7 +225,8 @@ def recommend(d: Demand, spec: PolicySpec, answers: dict) -> dict:
     serves them; a new node would not), the lead time from the measured start-up, the sheddable classes and
     their guard depths as they stand. Every number comes with its reason."""
     floor = answers["concurrency_floor"]["replicas"]
-    ceiling = answers["burst_ceiling"]["ceiling_replicas"]
+    # the level itself, not the ceiling the report draws (raised to the floor): the floor is already kept
+    ceiling = answers["burst_ceiling"]["held_longer_than_cold_start_replicas"]
     peak = answers["burst_ceiling"]["peak_replicas"]
     warm = [e for e in answers["bursts"] if e["class"] == "warm"]
     warm_slots = math.ceil(np.percentile([e["height_replicas"] for e in warm], 90)) if warm else 0

@@ -123,6 +123,7 @@ def write_html(out: Path, a: dict, d: Demand) -> Path:
     ax.barh(["loaded", "busy (>= 1 request)", "loaded, idle"], [res["loaded_gpu_hours"], res["busy_gpu_hours"],
                                                  res["idle_loaded_gpu_hours"]], color=["grey", "steelblue", "salmon"])
     ax.bar_label(ax.containers[0], fmt="%g GPU-h", fontsize=8)  # a zero bar still says so
+    ax.set_xlim(0, 1.3 * max(res["loaded_gpu_hours"], res["busy_gpu_hours"], 1e-9))  # room for the labels
     ax.set_xlabel("GPU-hours")
     ax.set_title(f"3. residency against compute ({res['loaded_from']})", fontsize=10)
     ax = axes[1, 1]
