@@ -8,16 +8,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 SYSTEM_STAMP := $(VENV)/.system
+# pip shows its progress when make runs on a terminal (stderr; stdout is captured where the shell decides)
+# and CI is unset, else stays quiet; `make PIP_QUIET=--quiet` or `make PIP_QUIET=` forces either.
+PIP_QUIET = $$([ -t 2 ] && [ -z "$$CI" ] || echo --quiet)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test e2e bench bench-controller lint lock clean system kube proto image
+.PHONY: pip-flags demo test e2e bench bench-controller lint lock clean system kube proto image
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[replay,test]'
+	$(PY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e '.[replay,test]'
 	touch $@
 
 demo: $(STAMP)
@@ -78,3 +81,7 @@ proto: $(STAMP)
 # Runtime figures of the live controller (loop overhead, KEDA latency, memory); needs `make system`.
 bench-controller: $(SYSTEM_STAMP)
 	$(PY) -m loadtest.controller_bench
+
+# The pip flags the install uses from this terminal (or pipe), for the tests.
+pip-flags:
+	@echo "pip install $(PIP_QUIET)"

@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(handler=_analyze)
     v = sub.add_parser("serve",
                        help="the KEDA gRPC scaler and the admission endpoint on this machine, from a recording")
-    v.add_argument("--replay", required=True, help="recording whose decisions are served (as for replay)")
+    v.add_argument("--replay", required=True, help="recording whose decisions are served (as for replay; required)")
     v.add_argument("--format", default="auto", choices=["auto", "csv", "jsonl", "prometheus"],
                    help="input format (default: %(default)s, from the file name and content)")
     v.add_argument("--policy", default=None,
@@ -164,13 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after the last tick (default: keep serving the last decision until Ctrl-C)")
     v.set_defaults(handler=_serve)
     r = sub.add_parser("record", help="export a time range of the configured signals from Prometheus")
-    r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus)")
+    r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus; required)")
     r.add_argument("--prometheus-url", default=None, help="Prometheus to query (default: the config's prometheus.url)")
-    r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd]")
+    r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd] (required)")
     r.add_argument("--end", default="now", help="unix seconds, ISO 8601, or now-<N>[smhd] (default: %(default)s)")
     r.add_argument("--step-s", type=number(above=0), default=15.0,
                    help="seconds between samples; fractions allowed (default: %(default)s, the control tick)")
-    r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay`")
+    r.add_argument("--out", required=True, help="JSON file, readable by `autoscaler replay` (required)")
     r.set_defaults(handler=_record)
     return parser
 

@@ -33,6 +33,7 @@ from autoscaler.config import describe, read_yaml_mapping
 from autoscaler.errors import ConfigError, InputError, TraceError
 from autoscaler.flags import number
 from autoscaler.limits import check_ticks
+from autoscaler.progress import bar as progress_bar
 from autoscaler.sim.cluster import ClusterModel
 from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import PolicyRun, SimConfig, initial_replicas, needed_replicas, run, ticks
@@ -137,8 +138,9 @@ def policy_overrides(args: argparse.Namespace) -> dict:
     return data
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench",
+               description: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     p.add_argument("--trace", default=str(BUNDLED_TRACE),
                    help="trace file, ServeGen folder, or scenario:NAME (loadtest/scenarios.py); default: bundled")
     p.add_argument("--scale", type=number(above=0), default=None,
@@ -302,10 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         runs.insert(at, PolicyRun("predictive-zero", setup.zero_spec, decide, initial_state()))
     results = {}
     for policy in runs:
+        bar = progress_bar(total=ticks(workload, config.tick_s), label=policy.name)
         results[policy.name] = run(
             policy, workload, config, initial_replicas=setup.start(policy.name),
-            keep_timeline=args.timeline_dir is not None,
+            keep_timeline=args.timeline_dir is not None, progress=bar.update,
         )
+        bar.close()
     clairvoyant = results["clairvoyant"].costs.replica_gpu_hours
     rows = [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs]
     floor = floor_gpu_hours(workload, config)

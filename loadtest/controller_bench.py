@@ -189,11 +189,15 @@ async def memory(ticks_per_report: list[int]) -> tuple[list[tuple[int, float]], 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.controller_bench", description=__doc__.splitlines()[0])
-    p.add_argument("--ticks", type=int, default=300)
-    p.add_argument("--rps", type=int, default=200)
-    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--ticks", type=int, default=300,
+                   help="loop ticks run back to back against the local Prometheus (default: %(default)s)")
+    p.add_argument("--rps", type=int, default=200,
+                   help="KEDA GetMetrics calls per second, open loop (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="how long the KEDA calls run, in seconds (default: %(default)s)")
     p.add_argument("--memory-ticks", default="240,5760",
-                   help="simulated ticks (15 s) after which to print resident memory, comma-separated")
+                   help="simulated ticks (15 s) after which to print resident memory, comma-separated "
+                        "(default: %(default)s: an hour and a day)")
     args = p.parse_args(argv)
     quiet_logs()
     start_rss = rss_mb()

@@ -39,8 +39,13 @@ def _ms(values: list[float], q: float) -> str:
     return f"{float(np.percentile(values, q)) * 1e3:.3f}"
 
 
+DESCRIPTION = (__doc__.splitlines()[0] + " It takes the benchmark's flags: the trace, cluster and policy flags "
+               "apply; it always replays the predictive policy and the clairvoyant, and prints its own figures "
+               "(--policies, --frontier, --json and the output flags are not used).")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = bench.parse_args(argv)
+    args = bench.parse_args(argv, prog="python -m loadtest.decide_bench", description=DESCRIPTION)
     try:
         setup = bench.prepare(args)
     except (InputError, ValueError) as exc:

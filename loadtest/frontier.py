@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from autoscaler.progress import bar as progress_bar
 from autoscaler.sim.run import run
 from loadtest import policyset
 from loadtest.measure import billed, figures, floor_gpu_hours, margin, targets
@@ -88,7 +89,12 @@ def sweep(args: argparse.Namespace, setup, names: tuple[str, ...]) -> dict[str, 
     tasks = [(name, value) for name in names for value in knob_values(name, setup.needed)]
     workers = args.workers or os.cpu_count() or 1
     with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_init, initargs=(setup,)) as pool:
-        rows = list(pool.map(_point, tasks))
+        bar = progress_bar(total=len(tasks), label="frontier", unit="point")
+        rows = []
+        for row in pool.map(_point, tasks):  # in order, as they finish
+            rows.append(row)
+            bar.update()
+        bar.close()
     out: dict[str, list[dict]] = {name: [] for name in names}
     for (name, _), row in zip(tasks, rows):
         out[name].append(row)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.analyze.report import _classes_line, _plot_classes, summary
 from autoscaler.cli import main
 from autoscaler.config import load_config, load_policy_spec
 from loadtest.bench import main as bench
@@ -81,6 +82,45 @@ def test_residency_against_compute(answers):
     assert r["busy_gpu_hours"] == pytest.approx(busy, rel=0.01)
     assert r["residency_over_compute"] == pytest.approx(80.0 / busy, rel=0.01)
     assert r["idle_loaded_gpu_hours"] == pytest.approx(80.0 - busy, rel=0.02)
+    # what links busy and slot use: the requests a busy replica holds (6 of 8 slots at the steady level)
+    in_flight_h = 6 * (8 - burst_h) + 10 * burst_h
+    assert r["in_flight_per_busy_replica"] == pytest.approx(in_flight_h / busy, rel=0.01)
+
+
+def test_the_burst_ceiling_is_never_below_the_floor(capsys):
+    """The bundled trace at scale 1: no level above one replica lasts a cold start (the longest held is 0
+    replicas), while the floor keeps 1 loaded; the ceiling is the floor and the summary says why."""
+    assert main(["analyze", str(BUNDLED_TRACE), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    ceiling = a["burst_ceiling"]
+    assert ceiling["held_longer_than_cold_start_replicas"] < a["concurrency_floor"]["replicas"]
+    assert ceiling["ceiling_replicas"] == a["concurrency_floor"]["replicas"] and ceiling["ceiling_raised_to_floor"]
+    assert "burst ceiling 1 replicas (the floor: no higher level lasted a cold start)" in summary(a)
+    # the recommendation sizes from the level itself: the floor is kept anyway
+    assert f"held longer than a cold start needs {ceiling['held_longer_than_cold_start_replicas']:.0f} replicas" \
+        in a["recommended"]["why"]["max_replicas"]
+
+
+def test_a_recording_without_classes_says_so_in_words_and_in_panel_four():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = {"source": "no per-priority series in the recording", "per_class": {}}
+    assert "4. classes: not in the data (no per-priority series in the recording)" in _classes_line(classes)
+    fig, ax = plt.subplots()
+    _plot_classes(ax, classes)
+    assert any("not in the data" in t.get_text() for t in ax.texts) and not ax.patches  # words, not empty axes
+    plt.close(fig)
+
+
+def test_only_the_sheddable_classes_are_offered_what_shedding_saves():
+    per = {"critical": {"share_of_requests": 0.2, "sheddable": False, "replicas_saved_at_peak_if_shed": 3},
+           "sheddable": {"share_of_requests": 0.3, "sheddable": True, "replicas_saved_at_peak_if_shed": 2}}
+    line = _classes_line({"source": "test", "per_class": per})
+    assert "critical 20% of requests, never shed" in line
+    assert "sheddable 30% of requests, shedding it saves 2 replicas at the peak" in line
 
 
 def test_classes_from_the_recorded_per_priority_rates(answers):

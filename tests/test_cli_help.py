@@ -6,7 +6,8 @@ import argparse
 import pytest
 
 from autoscaler.cli import build_parser, main
-from loadtest import bench
+from loadtest import bench, controller_bench, decide_bench
+from loadtest.e2e import __main__ as e2e
 
 from helpers import ROOT
 
@@ -20,7 +21,8 @@ def _options(parser: argparse.ArgumentParser):
             yield parser.prog, action
 
 
-def _bench_parser() -> argparse.ArgumentParser:
+def _parser_of(call) -> argparse.ArgumentParser:
+    """The parser a command builds: `call` runs until it parses its arguments, where it stops."""
     captured = {}
 
     class Stop(Exception):
@@ -34,17 +36,33 @@ def _bench_parser() -> argparse.ArgumentParser:
     argparse.ArgumentParser.parse_args = grab
     try:
         with pytest.raises(Stop):
-            bench.parse_args([])
+            call()
     finally:
         argparse.ArgumentParser.parse_args = original
     return captured["parser"]
 
 
-@pytest.mark.parametrize("parser", [build_parser, _bench_parser], ids=["autoscaler", "bench"])
-def test_every_option_has_help_naming_its_default(parser):
-    missing = [f"{prog} {action.option_strings[0]}" for prog, action in _options(parser())
-               if not action.required and "default" not in (action.help or "")]
+PARSERS = {
+    "autoscaler": build_parser,
+    "bench": lambda: _parser_of(lambda: bench.parse_args([])),
+    "decide_bench": lambda: _parser_of(lambda: decide_bench.main([])),
+    "controller_bench": lambda: _parser_of(lambda: controller_bench.main([])),
+    "e2e": lambda: _parser_of(lambda: e2e.main([])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_every_option_has_help_naming_its_default(name):
+    options = list(_options(PARSERS[name]()))
+    assert options
+    missing = [f"{prog} {action.option_strings[0]}" for prog, action in options
+               if ("required" if action.required else "default") not in (action.help or "")]
     assert not missing, missing
+
+
+def test_decide_bench_names_itself_not_the_benchmark():
+    parser = PARSERS["decide_bench"]()
+    assert parser.prog == "python -m loadtest.decide_bench" and "--policies" in parser.description
 
 
 def test_run_without_a_config_names_the_example(monkeypatch, capsys):

@@ -16,23 +16,31 @@ from autoscaler.analyze.questions import answer
 from autoscaler.analyze.report import summary, write_config, write_html
 from autoscaler.config import describe, load_policy_spec
 from autoscaler.errors import ConfigError
+from autoscaler.progress import bar as progress_bar
 from autoscaler.replay.command import output_folder
 from policies import PolicySpec
 
 
 def analyze(args: argparse.Namespace) -> int:
     spec = load_policy_spec(args.policy)
-    demand = load(args.input, args.format, spec, scale=args.scale, peak_replicas=args.peak_replicas)
-    answers = answer(demand, spec, startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s)
-    if args.write_config:
-        _write_config(args.write_config, answers)
-    report = None
-    if args.out or not args.json:
-        out = output_folder(args.out, default="analyze-out")
-        try:
-            report = write_html(out, answers, demand)
-        except ImportError:
-            report = None  # no matplotlib (the container image): the summary and JSON stand alone
+    steps = progress_bar(total=3, label="analyze", unit="step")  # read, answer, report (on a terminal)
+    try:
+        demand = load(args.input, args.format, spec, scale=args.scale, peak_replicas=args.peak_replicas)
+        steps.update()
+        answers = answer(demand, spec, startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s)
+        steps.update()
+        if args.write_config:
+            _write_config(args.write_config, answers)
+        report = None
+        if args.out or not args.json:
+            out = output_folder(args.out, default="analyze-out")
+            try:
+                report = write_html(out, answers, demand)
+            except ImportError:
+                report = None  # no matplotlib (the container image): the summary and JSON stand alone
+        steps.update()
+    finally:
+        steps.close()  # cleared before the summary is printed
     if args.json:
         print(json.dumps(answers, indent=2))
     else:

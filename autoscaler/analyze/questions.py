@@ -10,13 +10,16 @@
    queue or shed; between start-up and the cold start, warm capacity can serve it (a replica on a warm slot
    lands after start-up only); longer needs capacity. The burst ceiling is the highest level held longer
    than the cold-start window (the maximum of the rolling minimum over that window), and how often it is
-   reached.
+   reached; it is never below the floor (the policy keeps the floor loaded whatever the bursts do).
 3. Residency versus compute: replicas loaded (a recording's ready replicas; for a trace the replicas the
    demand needed, said so) against replicas busy (with at least one request: min(loaded, in-flight) under a
-   least-loaded balancer) and slots used (in-flight / slots); the GPU-hours loaded but idle.
+   least-loaded balancer) and slots used (in-flight / slots); the GPU-hours loaded but idle. Busy and slots
+   answer different questions: a replica with one request in flight is busy while most of its slots are free,
+   so the requests a busy replica holds on average are given with them.
 4. What can wait: per priority class its share of requests and of load, its latency tolerance (the SLO;
-   the saturation guard's queue depth for guarded classes), the replicas shedding it would save at the peak;
-   the variance of request durations (service time, tokens) and what it means for slots.
+   the saturation guard's queue depth for guarded classes), the replicas shedding it would save at the peak
+   (the report offers it for the sheddable classes only; a recording without per-priority series says so
+   instead of a breakdown); the variance of request durations (service time, tokens) and what it means for slots.
 
 `recommend` turns the answers into a policy section (see its docstring), each number with its reason.
 """
@@ -91,7 +94,7 @@ def concurrency_bands(d: Demand) -> dict:
     return {"replicas": {f"p{q}": round(v, 2) for q, v in edges.items()}, "bands": stays}
 
 
-def bursts(d: Demand, *, startup_s: float, cold_start_s: float) -> tuple[list[dict], dict]:
+def bursts(d: Demand, *, startup_s: float, cold_start_s: float, floor_replicas: int = 0) -> tuple[list[dict], dict]:
     n = max(1, round(SUSTAINED_WINDOW_S / d.tick_s))
     needed = d.needed.astype(float)
     sustained = np.array([np.median(needed[max(0, i - n):i + 1]) for i in range(len(needed))]) if len(needed) < 5000 \
@@ -115,12 +118,14 @@ def bursts(d: Demand, *, startup_s: float, cold_start_s: float) -> tuple[list[di
         i = j + 1
     window = max(1, round(cold_start_s / d.tick_s))
     held = _rolling_min(needed, window)
-    ceiling = float(held.max()) if len(held) else 0.0
+    held_max = float(held.max()) if len(held) else 0.0
+    ceiling = max(held_max, float(floor_replicas))  # the policy keeps the floor loaded: no ceiling below it
     reached = needed >= 0.95 * ceiling
     episodes = int(np.sum(np.diff(np.concatenate([[0], reached.astype(int)])) == 1))
     summary = {"count": len(events), "by_class": {k: sum(1 for e in events if e["class"] == k)
                                                   for k in ("noise", "warm", "capacity")},
-               "ceiling_replicas": ceiling, "peak_replicas": int(needed.max()) if len(needed) else 0,
+               "ceiling_replicas": ceiling, "held_longer_than_cold_start_replicas": held_max,
+               "ceiling_raised_to_floor": held_max < ceiling, "peak_replicas": int(needed.max()) if len(needed) else 0,
                "ceiling_reached_times": episodes,
                "ceiling_reached_per_day": round(episodes / max(d.span_s / 86400, 1e-9), 2)}
     return events, summary
@@ -150,6 +155,7 @@ def residency(d: Demand, spec: PolicySpec) -> dict:
         "residency_over_compute": round(loaded_h / busy_h, 3) if busy_h else None,
         "busy_share_per_replica": round(busy_h / loaded_h, 4) if loaded_h else None,
         "slot_utilization": round(float(d.concurrency.sum() / slots.sum()), 4) if slots.sum() else None,
+        "in_flight_per_busy_replica": round(float(d.concurrency.sum() / busy.sum()), 2) if busy.sum() else None,
         "idle_loaded_gpu_hours": round(loaded_h - busy_h, 2),
     }
 
@@ -221,7 +227,8 @@ def recommend(d: Demand, spec: PolicySpec, answers: dict) -> dict:
     serves them; a new node would not), the lead time from the measured start-up, the sheddable classes and
     their guard depths as they stand. Every number comes with its reason."""
     floor = answers["concurrency_floor"]["replicas"]
-    ceiling = answers["burst_ceiling"]["ceiling_replicas"]
+    # the level itself, not the ceiling the report draws (raised to the floor): the floor is already kept
+    ceiling = answers["burst_ceiling"]["held_longer_than_cold_start_replicas"]
     peak = answers["burst_ceiling"]["peak_replicas"]
     warm = [e for e in answers["bursts"] if e["class"] == "warm"]
     warm_slots = math.ceil(np.percentile([e["height_replicas"] for e in warm], 90)) if warm else 0
@@ -277,12 +284,13 @@ def answer(d: Demand, spec: PolicySpec, *, startup_s: float | None, node_provisi
     provisioning = node_provisioning_s if node_provisioning_s is not None else spec.node_provisioning_s
     node_source = "from --node-provisioning-s" if node_provisioning_s is not None else "the policy's default"
     cold = startup + provisioning
-    events, summary = bursts(d, startup_s=startup, cold_start_s=cold)
+    floor = concurrency_floor(d)
+    events, summary = bursts(d, startup_s=startup, cold_start_s=cold, floor_replicas=floor["replicas"])
     answers = {
         "input": {"name": d.name, "kind": d.source, "span_h": round(d.span_s / 3600, 2), "ticks": len(d.needed),
                   "tick_s": d.tick_s, "mean_rate_per_s": round(float(d.rate.mean()), 3),
                   "peak_rate_per_s": round(float(d.rate.max()), 3)},
-        "concurrency_floor": concurrency_floor(d),
+        "concurrency_floor": floor,
         "concurrency_bands": concurrency_bands(d),
         "bursts": events,
         "burst_ceiling": summary,

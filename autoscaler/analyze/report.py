@@ -26,13 +26,10 @@ def summary(a: dict) -> str:
         f"2. bursts: {ceiling['count']} above the sustained level ({ceiling['by_class']['noise']} shorter than a pod "
         f"start-up: noise; {ceiling['by_class']['warm']} within the cold-start window of {cold['total']:.0f} s: warm "
         f"capacity; {ceiling['by_class']['capacity']} longer: capacity); burst ceiling {ceiling['ceiling_replicas']:.0f} "
-        f"replicas (peak {ceiling['peak_replicas']}), reached {ceiling['ceiling_reached_times']} times",
-        f"3. residency vs compute: {res['loaded_gpu_hours']} GPU-h loaded, {res['busy_gpu_hours']} busy "
-        f"(ratio {res['residency_over_compute']}), {res['idle_loaded_gpu_hours']} GPU-h loaded but idle; slots "
-        f"{(res['slot_utilization'] or 0):.0%} used ({res['loaded_from']})",
-        f"4. classes ({a['classes']['source']}): " + "; ".join(
-            f"{name} {c['share_of_requests']:.0%} of requests, shedding it saves {c['replicas_saved_at_peak_if_shed']} "
-            f"replicas at the peak" for name, c in a["classes"]["per_class"].items()),
+        f"replicas{' (the floor: no higher level lasted a cold start)' if ceiling['ceiling_raised_to_floor'] else ''} "
+        f"(peak {ceiling['peak_replicas']}), reached {ceiling['ceiling_reached_times']} times",
+        _residency_line(res, a["recommended"]["policy"]["replica_concurrency"]),
+        _classes_line(a["classes"]),
         "   durations: service time p50/p90/p99 = " + "/".join(f"{v:g}" for v in var["service_s"].values())
         + f" s, c^2 = {var['squared_cv']}",
         "recommended policy:",
@@ -42,6 +39,30 @@ def summary(a: dict) -> str:
         if key in rec["why"] and key not in ("tick_s", "replica_concurrency", "slo_queue_wait_s"):
             lines.append(f"  {key}: {value}  # {rec['why'][key]}")
     return "\n".join(lines)
+
+
+def _residency_line(res: dict, slots_per_replica: int) -> str:
+    """Busy (at least one request in flight) and slot use side by side, with what links them: the requests
+    a busy replica holds on average, so a high busy share next to a low slot use does not read as a
+    contradiction."""
+    held = res["in_flight_per_busy_replica"]
+    return (f"3. residency vs compute ({res['loaded_from']}): {res['loaded_gpu_hours']} GPU-h loaded, "
+            f"{res['busy_gpu_hours']} of them with at least one request in flight (loaded/busy "
+            f"{res['residency_over_compute']}), {res['idle_loaded_gpu_hours']} GPU-h loaded with none; "
+            f"{(res['slot_utilization'] or 0):.0%} of the loaded slots in use: a busy replica held "
+            + (f"{held:g} requests on average of its {slots_per_replica} slots" if held is not None else "no request"))
+
+
+def _classes_line(classes: dict) -> str:
+    """Each class's share; the replicas shedding it would save only for the classes the policy sheds."""
+    per = classes["per_class"]
+    if not per:
+        return (f"4. classes: not in the data ({classes['source']}): what can wait cannot be told from this "
+                "input; record the per-priority arrival rates (arrival_rate_<class>) to get it")
+    return f"4. classes ({classes['source']}): " + "; ".join(
+        f"{name} {c['share_of_requests']:.0%} of requests, " + (
+            f"shedding it saves {c['replicas_saved_at_peak_if_shed']} replicas at the peak" if c["sheddable"]
+            else "never shed") for name, c in per.items())
 
 
 def write_config(path: Path, a: dict) -> None:
@@ -65,17 +86,21 @@ def write_html(out: Path, a: dict, d: Demand) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(2, 2, figsize=(14, 8))
     hours = np.arange(len(d.needed)) * d.tick_s / 3600.0
     ax = axes[0, 0]
+    if d.loaded is not None:  # a wide band under the other lines: visible where it meets one of them
+        ax.step(hours, d.loaded, where="post", linewidth=4, alpha=0.45, color="orange", zorder=1,
+                label="replicas loaded")
     ax.step(hours, d.needed, where="post", linewidth=0.6, label="replicas needed")
-    if d.loaded is not None:
-        ax.step(hours, d.loaded, where="post", linewidth=0.6, label="replicas loaded")
-    ax.axhline(a["concurrency_floor"]["replicas"], color="green", linestyle="--", label="floor")
+    # interleaved dashes: a ceiling equal to the floor shows both colours
+    ax.axhline(a["concurrency_floor"]["replicas"], color="green", linestyle=(0, (4, 4)), linewidth=1, label="floor")
     for v in a["concurrency_bands"]["replicas"].values():
         ax.axhline(v, color="grey", linewidth=0.5, linestyle=":")
-    ax.axhline(a["burst_ceiling"]["ceiling_replicas"], color="red", linestyle="--", label="burst ceiling")
+    ax.axhline(a["burst_ceiling"]["ceiling_replicas"], color="red", linestyle=(4, (4, 4)), linewidth=1,
+               label="burst ceiling")
     ax.set_xlabel("hours")
     ax.set_ylabel("replicas")
     ax.set_title("1. demand: floor, bands (dotted), burst ceiling", fontsize=10)
@@ -88,24 +113,21 @@ def write_html(out: Path, a: dict, d: Demand) -> Path:
     ax.axvline(cold["startup_s"], color="orange", linestyle="--", linewidth=0.8, label="pod start-up")
     ax.axvline(cold["total"], color="red", linestyle="--", linewidth=0.8, label="cold-start window")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a span under a decade
     ax.set_xlabel("burst duration (s)")
     ax.set_ylabel("height above sustained (replicas)")
     ax.set_title("2. bursts against the cold-start window", fontsize=10)
     ax.legend(fontsize=7)
     ax = axes[1, 0]
     res = a["residency"]
-    ax.barh(["loaded", "busy", "loaded, idle"], [res["loaded_gpu_hours"], res["busy_gpu_hours"],
+    ax.barh(["loaded", "busy (>= 1 request)", "loaded, idle"], [res["loaded_gpu_hours"], res["busy_gpu_hours"],
                                                  res["idle_loaded_gpu_hours"]], color=["grey", "steelblue", "salmon"])
+    ax.bar_label(ax.containers[0], fmt="%g GPU-h", fontsize=8)  # a zero bar still says so
+    ax.set_xlim(0, 1.3 * max(res["loaded_gpu_hours"], res["busy_gpu_hours"], 1e-9))  # room for the labels
     ax.set_xlabel("GPU-hours")
     ax.set_title(f"3. residency against compute ({res['loaded_from']})", fontsize=10)
     ax = axes[1, 1]
-    per = a["classes"]["per_class"]
-    ax.bar(list(per), [c["share_of_requests"] for c in per.values()], color="steelblue")
-    ax.set_ylabel("share of requests")
-    twin = ax.twinx()
-    twin.plot(list(per), [c["replicas_saved_at_peak_if_shed"] for c in per.values()], "o-", color="red")
-    twin.set_ylabel("replicas saved at the peak if shed", color="red")
-    ax.set_title("4. what can wait", fontsize=10)
+    _plot_classes(ax, a["classes"])
     fig.suptitle(f"demand preflight: {a['input']['name']}")
     fig.tight_layout()
     png = out / "report.png"
@@ -117,5 +139,26 @@ def write_html(out: Path, a: dict, d: Demand) -> Path:
             f"<img src='data:image/png;base64,{data}'/>",
             f"<h2>All figures</h2><pre>{html.escape(json.dumps(a, indent=1))}</pre>"]
     path = out / "report.html"
-    path.write_text("<!doctype html><meta charset='utf-8'><title>preflight</title>" + "\n".join(body))
+    path.write_text("<!doctype html><meta charset='utf-8'><title>preflight</title>"
+                    "<style>pre { white-space: pre-wrap; }</style>" + "\n".join(body))
     return path
+
+
+def _plot_classes(ax, classes: dict) -> None:
+    """Panel 4: each class's share of requests; for the sheddable classes the replicas shedding them saves
+    at the peak, written on the bar; without per-class data, a sentence saying so."""
+    ax.set_title("4. what can wait", fontsize=10)
+    per = classes["per_class"]
+    if not per:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"no class breakdown: not in the data\n({classes['source']})",
+                ha="center", va="center", wrap=True, transform=ax.transAxes)
+        return
+    bars = ax.bar(list(per), [c["share_of_requests"] for c in per.values()], color="steelblue")
+    ax.set_ylabel("share of requests")
+    ax.set_ylim(0, 1.3 * max(c["share_of_requests"] for c in per.values()) or 1)
+    for rect, c in zip(bars, per.values()):
+        note = (f"shed: saves {c['replicas_saved_at_peak_if_shed']}\nreplica(s) at the peak" if c["sheddable"]
+                else "never shed")
+        ax.annotate(note, (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center", va="bottom",
+                    fontsize=8)

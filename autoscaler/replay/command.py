@@ -17,6 +17,7 @@ from pathlib import Path
 from autoscaler.config import load_policy_spec
 from autoscaler.errors import ConfigError, RecordingError, TraceError
 from autoscaler.limits import check_ticks
+from autoscaler.progress import bar as progress_bar
 from autoscaler.replay import table
 from autoscaler.replay.output import write_csv, write_plot
 from autoscaler.replay.recording import read_recording
@@ -26,22 +27,9 @@ DEFAULT_OUT = "replay-out"
 SIMULATED_BASIS = "simulated: shed requests over the class's requests, as the benchmark counts them"
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _progress(total: int, label: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # installed without the `replay` extra (the container image): no progress bar
-        bar = _NoBar()
-        return bar, bar.update
-    bar = tqdm(total=total, desc=label, unit="tick", disable=None, leave=False, mininterval=0.5)
-    return bar, bar.update
+    progress = progress_bar(total=total, label=label)
+    return progress, progress.update
 
 
 def output_path(requested: str | Path | None, default: str = DEFAULT_OUT) -> Path:

@@ -62,15 +62,17 @@ def table(docs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.e2e", description=__doc__.splitlines()[2])
-    p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS) + ["all"])
-    p.add_argument("--factor", type=float, default=10.0, help="time compression (1 = real time)")
+    p = argparse.ArgumentParser(prog="python -m loadtest.e2e", description=" ".join(__doc__.split("\n\n")[1].split()))
+    p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS) + ["all"],
+                   help="the scenario to run, or `all` (required; choices: %(choices)s)")
+    p.add_argument("--factor", type=float, default=10.0,
+                   help="time compression: K simulated seconds per real second (1 = real time; default: %(default)s)")
     # absolute: nginx, started with its own prefix, would resolve a relative path against that prefix
     p.add_argument("--out", type=lambda text: Path(text).resolve(), default=Path("e2e-out").resolve(),
                    help="folder for each scenario's result.json, timeline and PNG (default: ./e2e-out)")
     p.add_argument("--json", action="store_true", help="print one JSON document (a list for `all`; default: a summary)")
     p.add_argument("--table-only", action="store_true",
-                   help="run nothing: print the table of the result.json files already in --out")
+                   help="run nothing: print the table of the result.json files already in --out (default: run)")
     args = p.parse_args(argv)
     names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
     docs = []
