@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after the last tick (default: keep serving the last decision until Ctrl-C)")
     v.set_defaults(handler=_serve)
     r = sub.add_parser("record", help="export a time range of the configured signals from Prometheus")
-    r.add_argument("--config", required=True, help="the controller's YAML config (target, preset, Prometheus; required)")
+    r.add_argument("--config", required=True,
+                   help="the controller's YAML config (target, preset, Prometheus; required)")
     r.add_argument("--prometheus-url", default=None, help="Prometheus to query (default: the config's prometheus.url)")
     r.add_argument("--start", required=True, help="unix seconds, ISO 8601, or now-<N>[smhd] (required)")
     r.add_argument("--end", default="now", help="unix seconds, ISO 8601, or now-<N>[smhd] (default: %(default)s)")
