@@ -4,12 +4,16 @@ Through the real nginx with the shipped deploy/gateway/nginx.conf in front of th
 zero a request is held (its own subrequest, with the long timeout), released with a 200 when a Ready
 replica is published, or answered 503 with Retry-After after `max_hold_s`. Through the endpoint alone
 (Envoy's ext_authz contract): first come first served, the held count and the loop's wake, the top class
-held beyond the bound that drops the others, and fail open when the decision goes stale.
+held beyond the bound that drops the others, and fail open when the decision goes stale or the endpoint
+dies during a hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +28,10 @@ from policies import PRIORITY_CLASSES, Decision
 
 from loadtest.gateway import gateway as nginx_gateway
 from loopthread import LoopThread
+from loadtest.realservers import wait_tcp
 from servers import fake_model_server, free_port
 from test_admission import COMPLETION, get
+from test_gateway_failopen import ADMISSION_PROCESS
 
 MAX_HOLD_S = 1.5
 
@@ -152,3 +158,25 @@ def test_the_learned_cold_start_bounds_the_hold():
     assert admission.hold_limit_s() == 190.0
     asyncio.run(board.publish(Published(Decision(replicas=1, lead_time_s=900.0), 0, None, 0.0, ready_replicas=0)))
     assert admission.hold_limit_s() == 600.0  # capped: the shipped gateway's hold timeout is above it
+
+
+def test_a_held_request_fails_open_when_the_endpoint_dies_during_the_hold():
+    """The hold's long timeout does not fail closed: the endpoint killed mid-hold admits the request."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ADMISSION_PROCESS), str(port), "{}", "zero"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_tcp("127.0.0.1", port, proc=proc)
+        with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
+            upstreams = Path(tmp) / "upstreams.conf"
+            upstreams.write_text(f"server {model.removeprefix('http://')};\n")
+            with nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams) as (url, _), \
+                 ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(get, f"{url}/v1/completions", None, COMPLETION)
+                time.sleep(1.0)
+                assert not answer.done()  # held past the ordinary subrequest's 250 ms
+                proc.send_signal(signal.SIGKILL)
+                assert answer.result(5)[0] == 200  # failed open to the model
+    finally:
+        proc.kill()
+        proc.wait()
