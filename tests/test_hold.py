@@ -14,23 +14,20 @@ import asyncio
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard, Published
 from policies import PRIORITY_CLASSES, Decision
 
 from loadtest.gateway import gateway as nginx_gateway
-from loopthread import LoopThread
 from loadtest.realservers import wait_tcp
-from servers import fake_model_server, free_port
-from test_admission import COMPLETION, get
+from loopthread import LoopThread
+from servers import free_port
+from test_admission import COMPLETION, get, model_upstreams, serving
 from test_gateway_failopen import ADMISSION_PROCESS
 
 MAX_HOLD_S = 1.5
@@ -58,23 +55,9 @@ def stack():
                           default_class="standard", retry_after_s=7, max_hold_s=MAX_HOLD_S, max_held_requests=2,
                           on_result=lambda cls, result: results.append((cls, result)),
                           on_hold=lambda outcome, waited_s: holds.append((outcome, waited_s)))
-    port = free_port()
-
-    async def serve():
-        runner = web.AppRunner(admission.app())
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = thread.run(serve())
-    with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
-        upstreams = Path(tmp) / "upstreams.conf"
-        upstreams.write_text(f"server {model.removeprefix('http://')};\n")
-        with nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams,
-                           trusted_priority_header="x-request-priority") as (url, _):
-            yield dict(thread=thread, board=board, url=url, endpoint=f"http://127.0.0.1:{port}",
-                       results=results, holds=holds)
-    thread.run(runner.cleanup())
+    with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
+         nginx_gateway(admission=endpoint, upstreams=upstreams, trusted_priority_header="x-request-priority") as (url, _):
+        yield dict(thread=thread, board=board, url=url, endpoint=endpoint, results=results, holds=holds)
     thread.close()
 
 
@@ -119,14 +102,12 @@ def test_ext_authz_releases_held_requests_first_come_first_served(stack):
         # beyond the bound, a lower class is answered 503 at once
         status, headers = get(f"{endpoint}/ext_authz/v1/completions", "sheddable")
         assert status == 503 and headers["Retry-After"] == "7" and "no room" in headers["X-Shed-Reason"]
-        order: list[int] = []
         stack["results"].clear()
         thread.run(board.set_ready(1))
         assert [a.result(5)[0] for a in answers] == [200, 200, 200]
     assert stack["results"] == [("critical", "admitted")] * 3
     waits = [waited for _, waited in stack["holds"]]
     assert waits == sorted(waits, reverse=True), "released in arrival order: the first held waited longest"
-    del order
 
 
 def test_a_stale_decision_releases_held_requests(stack):
@@ -167,16 +148,14 @@ def test_a_held_request_fails_open_when_the_endpoint_dies_during_the_hold():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_tcp("127.0.0.1", port, proc=proc)
-        with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
-            upstreams = Path(tmp) / "upstreams.conf"
-            upstreams.write_text(f"server {model.removeprefix('http://')};\n")
-            with nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams) as (url, _), \
-                 ThreadPoolExecutor(1) as pool:
-                answer = pool.submit(get, f"{url}/v1/completions", None, COMPLETION)
-                time.sleep(1.0)
-                assert not answer.done()  # held past the ordinary subrequest's 250 ms
-                proc.send_signal(signal.SIGKILL)
-                assert answer.result(5)[0] == 200  # failed open to the model
+        with model_upstreams() as upstreams, \
+             nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams) as (url, _), \
+             ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(get, f"{url}/v1/completions", None, COMPLETION)
+            time.sleep(1.0)
+            assert not answer.done()  # held past the ordinary subrequest's 250 ms
+            proc.send_signal(signal.SIGKILL)
+            assert answer.result(5)[0] == 200  # failed open to the model
     finally:
         proc.kill()
         proc.wait()
