@@ -66,7 +66,8 @@ def gateway():
                           on_unknown=metrics.unknown_priority.inc)
     # the shipped deploy/gateway/nginx.conf, with its cluster addresses replaced by loopback ones
     with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
-         nginx_gateway(admission=endpoint, upstreams=upstreams, trusted_priority_header="x-request-priority") as (url, _), \
+         nginx_gateway(admission=endpoint, upstreams=upstreams,
+                       trusted_priority_header="x-request-priority") as (url, _), \
          nginx_gateway(admission=endpoint, upstreams=upstreams, map_entries=MAP_ENTRIES) as (shipped, _):
         yield thread, board, url, endpoint, shipped, metrics
     thread.close()

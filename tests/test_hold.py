@@ -56,7 +56,8 @@ def stack():
                           on_result=lambda cls, result: results.append((cls, result)),
                           on_hold=lambda outcome, waited_s: holds.append((outcome, waited_s)))
     with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
-         nginx_gateway(admission=endpoint, upstreams=upstreams, trusted_priority_header="x-request-priority") as (url, _):
+         nginx_gateway(admission=endpoint, upstreams=upstreams,
+                       trusted_priority_header="x-request-priority") as (url, _):
         yield dict(thread=thread, board=board, url=url, endpoint=endpoint, results=results, holds=holds)
     thread.close()
 
