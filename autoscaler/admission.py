@@ -24,6 +24,21 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
+Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
+waking: replicas ordered, none Ready yet), a request is HELD: its handler awaits until the board reports a
+Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
+condition, woken first in, first out). While any is held the board's `held_requests` is above zero: the loop
+wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's StreamIsActive says
+active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
+`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
+once; the top class (critical) is always held, and is never dropped while a start is in progress short of
+`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`,
+at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held
+directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero
+`/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
+`/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
+expires (403 with `X-Hold-Expired`, answered 503).
+
 Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
 counted by the board), and whenever no decision is valid, everything is admitted: a controller that
 cannot decide must not block traffic.
@@ -42,6 +57,12 @@ from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
 from policies.admission import carried_queue, classify
 
+# A held request re-checks the board at least this often (its deadline, a decision gone stale).
+HOLD_RECHECK_S = 1.0
+# max_hold_s unset: the learned cold start plus this margin, at most MAX_HOLD_S.
+HOLD_MARGIN_S = 60.0
+MAX_HOLD_S = 600.0
+
 # Admissions remembered since the latest queue reading, at most: a bound should the probe stop reading.
 MAX_TRACKED_ADMISSIONS = 100_000
 
@@ -51,7 +72,9 @@ class Admission:
                  retry_after_s: int, unknown_class: str | None = None,
                  live_queue: Callable[[], QueueReading | float | None] | None = None,
                  on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
+                 on_hold: Callable[[str, float], None] | None = None) -> None:
+        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`."""
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -63,6 +86,10 @@ class Admission:
         self.on_result = on_result or (lambda cls, result: None)
         self.on_unknown = on_unknown or (lambda: None)
         self.clock = clock or SystemClock()
+        self.max_hold_s = max_hold_s
+        self.max_held = max_held_requests
+        self.on_hold = on_hold or (lambda outcome, waited_s: None)
+        self._held = 0
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
         self._admitted_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
@@ -109,8 +136,53 @@ class Admission:
             return f"shedding {fraction:.0%} of {cls}"
         return None
 
-    def _answer(self, request: web.Request, deny_status: int) -> web.Response:
-        cls = self.classify(request.headers.get(self.header))
+    def holding(self) -> bool:
+        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking)."""
+        latest = self.board.fresh("admission")
+        return latest is not None and latest.decision.valid and latest.ready_replicas == 0
+
+    def hold_limit_s(self) -> float:
+        """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus
+        a margin (at most MAX_HOLD_S; MAX_HOLD_S when no lead time is known)."""
+        if self.max_hold_s is not None:
+            return self.max_hold_s
+        latest = self.board.latest
+        lead = latest.decision.lead_time_s if latest is not None else 0.0
+        return min(MAX_HOLD_S, lead + HOLD_MARGIN_S) if lead and lead > 0 else MAX_HOLD_S
+
+    async def hold(self, cls: str) -> str | None:
+        """Wait for a Ready replica; None once there is one (or the controller cannot say: fail open), else
+        why the request is dropped."""
+        if not self.holding():
+            return None
+        if self._held >= self.max_held and self.priorities[cls] < self.top:
+            return f"{self._held} requests held for a replica: no room"
+        arrived = self.clock.now()
+        limit_s = self.hold_limit_s()
+        self._held += 1
+        self.board.set_held(self._held)
+        try:
+            while self.holding():
+                remaining_s = arrived + limit_s - self.clock.now()
+                if remaining_s <= 0:
+                    self.on_hold("expired", self.clock.now() - arrived)
+                    return f"no replica Ready after {limit_s:.0f} s"
+                await self.board.wait_change(timeout_s=min(remaining_s, HOLD_RECHECK_S))
+            self.on_hold("admitted", self.clock.now() - arrived)
+            return None
+        finally:
+            self._held -= 1
+            self.board.set_held(self._held)
+
+    async def _held_answer(self, cls: str, expired_status: int, expired_headers: dict[str, str]) -> web.Response | None:
+        dropped = await self.hold(cls)
+        if dropped is None:
+            return None
+        self.on_result(cls, "hold_expired")
+        return web.Response(status=expired_status, text=dropped + "\n",
+                            headers={"Retry-After": self.retry_after, "X-Shed-Reason": dropped, **expired_headers})
+
+    def _answer(self, cls: str, deny_status: int) -> web.Response:
         reason = self.rejection(cls)
         if reason is None:
             self.on_result(cls, "admitted")
@@ -120,14 +192,26 @@ class Admission:
                             headers={"Retry-After": self.retry_after, "X-Shed-Reason": reason})
 
     async def ext_authz(self, request: web.Request) -> web.Response:
-        return self._answer(request, 429)
+        cls = self.classify(request.headers.get(self.header))
+        return await self._held_answer(cls, 503, {}) or self._answer(cls, 429)
 
     async def auth_request(self, request: web.Request) -> web.Response:
-        return self._answer(request, 403)
+        """nginx's ordinary subrequest, under a short timeout: never held; 401 sends it to the hold."""
+        cls = self.classify(request.headers.get(self.header))
+        if self.holding():
+            self.board.wake.set()  # the loop starts deciding now; the hold subrequest follows at once
+            return web.Response(status=401, text="no replica Ready: hold\n", headers={"X-Hold": "1"})
+        return self._answer(cls, 403)
+
+    async def auth_request_hold(self, request: web.Request) -> web.Response:
+        """nginx's hold subrequest, under a timeout above the hold's: 200 once admitted, 403 when expired."""
+        cls = self.classify(request.headers.get(self.header))
+        return await self._held_answer(cls, 403, {"X-Hold-Expired": "1"}) or self._answer(cls, 403)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/auth_request", self.auth_request)
+        app.router.add_route("*", "/auth_request/hold", self.auth_request_hold)
         app.router.add_route("*", "/ext_authz/{tail:.*}", self.ext_authz)
         app.router.add_route("*", "/ext_authz", self.ext_authz)
         return app

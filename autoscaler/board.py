@@ -9,13 +9,19 @@ ask `fresh(reader)`, which answers None for a stale decision as for no decision,
 read to `on_stale(reader)` (a metric), so an old decision is never served for ever: KEDA gets
 UNAVAILABLE (its fallback applies) and the admission endpoint admits. `stale_after_s` None never goes
 stale (a board nobody ticks, in tests and benchmarks).
+
+Scale to zero: each decision carries the Ready replicas the cluster reported (`ready_replicas`, None when
+unknown), and `set_ready` updates them between ticks, so a request the admission endpoint holds at zero is
+released as soon as a replica is Ready. The endpoint counts what it holds in `held_requests`; a change of
+that count wakes the watchers (KEDA's StreamIsActive says active at once) and sets `wake`, which the
+loop's sleep waits on, so the next tick starts at once instead of after `tick_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autoscaler.clock import Clock, SystemClock
@@ -28,6 +34,7 @@ class Published:
     current_replicas: int
     queue_depth: float | None
     at_s: float
+    ready_replicas: int | None = None  # as the cluster reported them; None: unknown
 
     @property
     def replicas(self) -> int:
@@ -41,7 +48,10 @@ class DecisionBoard:
     stale_after_s: float | None = None
     clock: Clock = field(default_factory=SystemClock, repr=False)
     on_stale: Callable[[str], None] = field(default=lambda reader: None, repr=False)
+    held_requests: int = 0  # requests the admission endpoint holds for a Ready replica, now
     _changed: asyncio.Condition | None = field(default=None, repr=False)
+    _wake: asyncio.Event | None = field(default=None, repr=False)
+    _notifying: set = field(default_factory=set, repr=False)
 
     def age_s(self) -> float:
         """Seconds since the latest decision's tick started; NaN before the first (a metric's 'no value')."""
@@ -62,12 +72,40 @@ class DecisionBoard:
             self._changed = asyncio.Condition()
         return self._changed
 
+    @property
+    def wake(self) -> asyncio.Event:
+        """Set when a request starts waiting for a replica: the loop ticks at once (and clears it)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        return self._wake
+
+    async def _notify(self) -> None:
+        async with self._condition():
+            self._condition().notify_all()
+
     async def publish(self, value: Published) -> None:
         previous = self.latest
         self.latest = value
-        if previous is None or previous.replicas != value.replicas or previous.decision.shed != value.decision.shed:
-            async with self._condition():
-                self._condition().notify_all()
+        if (previous is None or previous.replicas != value.replicas or previous.decision.shed != value.decision.shed
+                or previous.ready_replicas != value.ready_replicas):
+            await self._notify()
+
+    async def set_ready(self, ready_replicas: int) -> None:
+        """The Ready replicas now, between ticks (e.g. from a watch or a probe); wakes held requests."""
+        if self.latest is not None and self.latest.ready_replicas != ready_replicas:
+            self.latest = replace(self.latest, ready_replicas=ready_replicas)
+            await self._notify()
+
+    def set_held(self, held_requests: int) -> None:
+        """The requests held now: more than before wakes the loop; any change wakes the watchers. Not a
+        coroutine: a held request's handler calls it on its way out, also when cancelled (the client left)."""
+        previous, self.held_requests = self.held_requests, held_requests
+        if held_requests > previous:
+            self.wake.set()
+        if held_requests != previous:
+            task = asyncio.ensure_future(self._notify())
+            self._notifying.add(task)  # a reference until done (the event loop keeps only weak ones)
+            task.add_done_callback(self._notifying.discard)
 
     async def wait_change(self, timeout_s: float | None = None) -> None:
         async with self._condition():

@@ -143,6 +143,15 @@ class AdmissionConfig(_Strict):
         "autoscaler_admission_unknown_priority_total); None: default_priority."
     )
     retry_after_s: int = Field(5, ge=1, le=3600)
+    max_hold_s: float | None = Field(
+        None, gt=0, le=3600, description="Scale to zero: a request held for a Ready replica longer than this "
+        "gets 503 with Retry-After; None: the learned cold start plus 60 s, at most 600 s. The gateway's hold "
+        "timeout must exceed it (the shipped nginx.conf allows 660 s; docs/gateway.md)."
+    )
+    max_held_requests: int = Field(
+        10_000, ge=1, description="Held requests at most; beyond, a new request below the top class gets 503 at "
+        "once (the top class is always held)."
+    )
     queue_probe_interval_s: float | None = Field(
         1.0, gt=0, le=60, description="Scrape the pods' queue gauge this often for the saturation guard "
         "(port and path from `scrape`); None: use the tick's queue depth."

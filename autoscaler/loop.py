@@ -8,6 +8,12 @@ only while this replica leads, applies it: replicas through the scale subresourc
 Event for every scaling action. Errors are counted by kind and logged; nothing escapes the tick but
 cancellation.
 
+Scale to zero: a request held at the admission endpoint sets the board's `wake`, which the loop's sleep
+waits on: the next tick starts at once (KEDA's StreamIsActive has said active already; in actuate mode the
+scale write follows within the tick). The held count is the `held_requests` signal (`reports_held`), and
+while any request is held the loop ticks every `HELD_TICK_S`, so the Ready replica that releases them is
+published within that.
+
 Collaborators are narrow Protocols, so the loop is unit-tested with a few lines of fakes and
 integration-tested with the real Prometheus and kube-apiserver.
 """
@@ -56,6 +62,9 @@ class EventSink(Protocol):
     async def capacity_unavailable(self, *, replicas: int, reasons: tuple[str, ...], now: float) -> None: ...
 
 
+# While requests are held for a Ready replica, the loop ticks at least this often.
+HELD_TICK_S = 1.0
+
 # A CapacityUnavailable Warning is repeated at most this often while the shortfall stays the same.
 CAPACITY_EVENT_EVERY_S = 300.0
 
@@ -94,6 +103,7 @@ class Controller:
     clock: Clock = field(default_factory=SystemClock)
     state: Any = field(default_factory=initial_state)
     last_tick_s: float | None = None
+    reports_held: bool = False  # the admission endpoint runs: its held count is the held_requests signal
     _capacity_event: tuple[int, float] | None = None  # (unplaceable replicas, when) of the last Warning
 
     def _error(self, exc: Exception, where: str) -> None:
@@ -127,6 +137,10 @@ class Controller:
             for name, sample in result.samples.items():
                 if name in SAMPLE_SIGNALS and name not in samples:
                     samples[name] = sample
+        if self.reports_held:
+            gateway = samples.get("held_requests")  # an llm-d gateway's held requests, read as a query
+            held = self.board.held_requests + (gateway.value if gateway is not None else 0.0)
+            samples["held_requests"] = Sample(held, now)
         by_priority = self.priorities.rates(now) if self.priorities is not None else {}
         offered = sum(by_priority.values())
         measured = samples.get("arrival_rate_per_s")
@@ -154,7 +168,7 @@ class Controller:
             self.state = replace(self.state, recommendations=self.state.recommendations + ((now, current),))
         queue = signals.queue_depth.value if signals.queue_depth is not None else None
         await self.board.publish(Published(decision, current if current is not None else decision.replicas,
-                                           queue, now))
+                                           queue, now, ready_replicas=cluster.ready_replicas if cluster else None))
         self.metrics.record(decision, current=current, ready=cluster.ready_replicas if cluster else None,
                             unschedulable=cluster.unschedulable_pods if cluster else None, cluster=cluster)
         self.metrics.leader.set(1 if leader else 0)
@@ -207,7 +221,17 @@ class Controller:
         """Tick until `stop` is set; ticks start on a fixed period, never overlapping."""
         period = self.settings.tick_s
         next_start = self.clock.now()
+        wake = self.board.wake
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: wake.set())  # one event for the sleep: stop or a held request
+        try:
+            await self._ticks(stop, wake, period, next_start)
+        finally:
+            stopping.cancel()
+
+    async def _ticks(self, stop: asyncio.Event, wake: asyncio.Event, period: float, next_start: float) -> None:
         while not stop.is_set():
+            wake.clear()
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -220,4 +244,8 @@ class Controller:
             if delay < 0:  # late: start the next tick now and keep the period from there
                 next_start = self.clock.now()
                 delay = 0
-            await self.clock.wait(stop, delay)
+            shortened = self.board.held_requests > 0 and delay > HELD_TICK_S
+            if shortened:
+                delay = HELD_TICK_S
+            if await self.clock.wait(wake, delay) or shortened:
+                next_start = self.clock.now()  # woken early: this tick starts now, the period from here

@@ -43,6 +43,11 @@ class ControllerMetrics:
         self.unknown_priority = Counter("autoscaler_admission_unknown_priority_total", "Admission requests whose "
                                         "priority header named no class (answered as admission.unknown_priority)",
                                         registry=r)
+        self.held = Gauge("autoscaler_admission_held_requests", "Requests the admission endpoint holds for a "
+                          "Ready replica (scale to zero), now", registry=r)
+        self.hold = Histogram("autoscaler_admission_hold_seconds", "How long each held request waited, by outcome "
+                              "(admitted, or expired: answered 503 after max_hold_s)", ["outcome"],
+                              buckets=(0.1, 1, 5, 15, 30, 60, 120, 180, 300, 450, 600, 900), registry=r)
         self.decision_age = Gauge("autoscaler_decision_age_seconds", "Age of the latest decision (NaN before the "
                                   "first); older than stale_after_ticks ticks it is not served", registry=r)
         self.stale_answers = Counter("autoscaler_stale_decision_answers_total", "Answers while the latest decision "

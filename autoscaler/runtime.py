@@ -134,6 +134,7 @@ def decision_board(settings: Settings, *, metrics: ControllerMetrics, clock: Clo
     board = DecisionBoard(stale_after_s=settings.stale_after_ticks * settings.tick_s, clock=clock,
                           on_stale=lambda reader: metrics.stale_answers.labels(reader).inc())
     metrics.decision_age.set_function(board.age_s)
+    metrics.held.set_function(lambda: board.held_requests)
     return board
 
 
@@ -174,8 +175,11 @@ def build_scaler(settings: Settings, kube: Kube, session: aiohttp.ClientSession,
                                 timeout_s=min(scrape.timeout_s, order_timeout_s / 2))
     deletion = DeletionOrder(kube, namespace=target.namespace, in_flight=in_flight, timeout_s=order_timeout_s,
                              on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
+    # With idle_after_s the policy's own 0 (idle) must reach the target: min_replicas is the floor the policy
+    # keeps while the model serves, not a bound of the write.
+    floor = 0 if settings.policy.idle_after_s is not None else settings.policy.min_replicas
     return ScaleActuator(kube, namespace=target.namespace, kind=target.kind, name=target.name,
-                         min_replicas=settings.policy.min_replicas, max_replicas=settings.policy.max_replicas,
+                         min_replicas=floor, max_replicas=settings.policy.max_replicas,
                          deletion=deletion)
 
 
@@ -268,7 +272,9 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
         board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
         default_class=settings.admission.default_priority, unknown_class=settings.admission.unknown_priority,
         retry_after_s=settings.admission.retry_after_s, live_queue=live_queue, on_result=on_result,
-        on_unknown=metrics.unknown_priority.inc, clock=clock,
+        on_unknown=metrics.unknown_priority.inc, clock=clock, max_hold_s=settings.admission.max_hold_s,
+        max_held_requests=settings.admission.max_held_requests,
+        on_hold=lambda outcome, waited_s: metrics.hold.labels(outcome).observe(waited_s),
     )
 
 
@@ -321,6 +327,7 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
     try:
         controller = build_controller(settings, kube, session, identity=identity, **shared)
         admission = build_admission(settings, kube, session, **shared) if settings.admission.enabled else None
+        controller.reports_held = admission is not None  # the policy reads held_requests from the board
         await start_servers(settings, host=host, controller=controller, admission=admission, board=board,
                             metrics=metrics, clock=clock, parts=parts)
         structlog.get_logger("autoscaler").info("started", target=f"{target.namespace}/{target.kind}/{target.name}",

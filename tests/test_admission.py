@@ -5,6 +5,7 @@ authenticating proxy's header (the load generator's place in the closed loop), o
 ignores the client's header and takes the class from the API key or the route (entries added to its maps
 as a user would)."""
 
+import contextlib
 import json
 import tempfile
 import urllib.error
@@ -28,6 +29,33 @@ MAP_ENTRIES = {"$request_priority": ['"key-of-checkout" critical;', '"key-of-bat
                "$priority_from_route": ["~^/v1/embeddings sheddable;"]}
 
 
+@contextlib.contextmanager
+def serving(thread: LoopThread, app: web.Application):
+    """`app` on 127.0.0.1 in `thread`'s event loop; yields its base URL."""
+    port = free_port()
+
+    async def serve():
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = thread.run(serve())
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        thread.run(runner.cleanup())
+
+
+@contextlib.contextmanager
+def model_upstreams():
+    """The fake model server, as the file of upstream servers the gateway includes."""
+    with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
+        upstreams = Path(tmp) / "upstreams.conf"
+        upstreams.write_text(f"server {model.removeprefix('http://')};\n")
+        yield upstreams
+
+
 @pytest.fixture(scope="module")
 def gateway():
     thread = LoopThread()
@@ -36,25 +64,12 @@ def gateway():
     admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="x-request-priority",
                           default_class="standard", unknown_class="sheddable", retry_after_s=7,
                           on_unknown=metrics.unknown_priority.inc)
-    port = free_port()
-
-    async def serve():
-        runner = web.AppRunner(admission.app())
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = thread.run(serve())
     # the shipped deploy/gateway/nginx.conf, with its cluster addresses replaced by loopback ones
-    with fake_model_server() as model, tempfile.TemporaryDirectory() as tmp:
-        upstreams = Path(tmp) / "upstreams.conf"
-        upstreams.write_text(f"server {model.removeprefix('http://')};\n")
-        with nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams,
-                           trusted_priority_header="x-request-priority") as (url, _), \
-             nginx_gateway(admission=f"http://127.0.0.1:{port}", upstreams=upstreams,
-                           map_entries=MAP_ENTRIES) as (shipped, _):
-            yield thread, board, url, f"http://127.0.0.1:{port}", shipped, metrics
-    thread.run(runner.cleanup())
+    with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
+         nginx_gateway(admission=endpoint, upstreams=upstreams,
+                       trusted_priority_header="x-request-priority") as (url, _), \
+         nginx_gateway(admission=endpoint, upstreams=upstreams, map_entries=MAP_ENTRIES) as (shipped, _):
+        yield thread, board, url, endpoint, shipped, metrics
     thread.close()
 
 

@@ -5,7 +5,10 @@ ceil(value / target) gives exactly the decision. Answers come from the latest de
 waits on I/O. Before the first decision, and while the latest one is stale (older than the board's
 `stale_after_s`: the ticks stopped), GetMetrics and IsActive answer UNAVAILABLE: KEDA keeps the current
 scale, or applies the ScaledObject's fallback after its failureThreshold, and never scales to zero on an
-error; StreamIsActive pushes nothing until a fresh decision says. An invalid decision publishes the
+error; StreamIsActive pushes nothing until a fresh decision says. Scale to zero: while the admission
+endpoint holds a request (the board's `held_requests`), IsActive is true and StreamIsActive pushes true at
+once (the board wakes its watchers when a request is held), so KEDA scales a ScaledObject at
+`minReplicaCount: 0` up without waiting for the next tick or its polling interval. An invalid decision publishes the
 current replica count (hold). A ScaledObject other than the configured one, or another metric name, gets
 NOT_FOUND; an empty name INVALID_ARGUMENT.
 """
@@ -51,7 +54,8 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
 
     async def IsActive(self, request, context):  # noqa: N802 (gRPC names)
         await self._check(request, context)
-        return pb.IsActiveResponse(result=(await self._fresh(context)).replicas > 0)
+        latest = await self._fresh(context)
+        return pb.IsActiveResponse(result=latest.replicas > 0 or self.board.held_requests > 0)
 
     async def StreamIsActive(self, request, context):  # noqa: N802
         await self._check(request, context)
@@ -59,7 +63,10 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         recheck_s = min(STREAM_RECHECK_S, self.board.stale_after_s or STREAM_RECHECK_S)
         while True:
             latest = self.board.fresh("keda")
-            active = latest.replicas > 0 if latest is not None else last  # nothing to say: say nothing
+            if self.board.held_requests > 0:
+                active = True  # a request waits for a replica: wake now, before the next decision says so
+            else:
+                active = latest.replicas > 0 if latest is not None else last  # nothing to say: say nothing
             if active != last:
                 yield pb.IsActiveResponse(result=active)
                 last = active
