@@ -4,8 +4,8 @@ A seed changes the traffic, not the policy: on a rate trace (ServeGen) each clie
 request trace (CSV, Mooncake, `scenario:`) the class each request is drawn into and the copies a scale above
 1 adds. Every seed is a full `--seed S` run of the predictive policy and the clairvoyant (for GPU-hours vs
 clairvoyant); each seed's row is printed as it finishes, then the table of all seeds, then the targets'
-verdict of the worst seed (the smallest margin: attainment minus target, or the shed allowance left) and
-how many seeds met them.
+verdict of the worst seed (the smallest margin: attainment minus target, or the shed allowance left; a tie
+goes to the next smallest) and how many seeds met them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from loadtest.bench import prepare, replay_rows, table, verdict
-from loadtest.measure import margin, meets
+from loadtest.measure import margins, meets
 
 
 def seed_rows(args: argparse.Namespace) -> tuple[list[dict], object]:
@@ -36,7 +36,7 @@ def seeds_main(args: argparse.Namespace) -> int:
     named = [{**r, "policy": f"seed {r['seed']}"} for r in rows]
     print(table(named, setup.classes, setup.sheddable, cluster=setup.config.cluster,
                 gpu_hour_price=setup.gpu_hour_price))
-    worst = min(rows, key=lambda r: margin(r, setup.classes, setup.sheddable))
+    worst = min(rows, key=lambda r: margins(r, setup.classes, setup.sheddable))
     met = sum(meets(r, setup.classes, setup.sheddable) for r in rows)
     lines = verdict([{**worst, "policy": "predictive"}], setup.classes, setup.sheddable, cluster=setup.config.cluster)
     print(f"worst seed {worst['seed']}: {lines[0] if lines else ''}")

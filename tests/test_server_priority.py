@@ -76,3 +76,13 @@ def test_server_priority_flag_reaches_the_simulation_and_is_refused_on_rate_trac
     policy = policyset.build(SimConfig(), np.ones(n, dtype=int), ("static",), predictive=None, max_replicas=4)[0]
     with pytest.raises(ValueError, match="request traces"):
         run(policy, rate, SimConfig(server_priority=True), initial_replicas=1)
+
+
+def test_the_worst_seed_is_the_tightest_margin_then_the_next():
+    from loadtest.measure import margins
+
+    classes, sheddable = ("critical", "standard", "sheddable"), ("sheddable",)
+    a = {"slo_attainment": {"critical": 1.0, "standard": 0.995, "sheddable": 0.9}, "shed_by_class": {"sheddable": 0.01}}
+    b = {"slo_attainment": {"critical": 1.0, "standard": 0.999, "sheddable": 0.9}, "shed_by_class": {"sheddable": 0.01}}
+    assert margins(a, classes, sheddable) == pytest.approx([0.001, 0.005, 0.04])
+    assert min((b, a), key=lambda r: margins(r, classes, sheddable)) is a
