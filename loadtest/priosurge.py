@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8, help="the server's slots (default: %(default)s)")
     p.add_argument("--output-tokens", type=int, default=50, help="per request (default: %(default)s)")
     p.add_argument("--decode-s-per-token", type=float, default=0.02, help="(default: %(default)s)")
-    p.add_argument("--utilization", type=float, default=0.7, help="of the slots outside the surge (default: %(default)s)")
-    p.add_argument("--surge-ratio", type=float, default=2.0, help="arrival rate multiplier in the middle third (default: %(default)s)")
+    p.add_argument("--utilization", type=float, default=0.7,
+                   help="of the slots outside the surge (default: %(default)s)")
+    p.add_argument("--surge-ratio", type=float, default=2.0,
+                   help="arrival rate multiplier in the middle third (default: %(default)s)")
     p.add_argument("--slo-s", type=float, default=2.0, help="queue-wait SLO (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="arrivals and classes (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (default: a table)")
@@ -112,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     print(f"{len(requests)} requests over {args.seconds:g} s, {args.concurrency} slots of {service_s:g} s, "
-          f"{args.utilization:.0%} busy outside a x{args.surge_ratio:g} surge, seed {args.seed}, SLO {args.slo_s:g} s")
+          f"{args.utilization:.0%} busy outside a x{args.surge_ratio:g} surge, seed {args.seed}, "
+          f"SLO {args.slo_s:g} s")
     print(f"{'policy':<9} {'class':<10} {'requests':>8} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'in SLO':>8}")
     for policy, by_class in results.items():
         for cls, f in by_class.items():
-            cells = " ".join(f"{f[k]:>7.2f}" if f[k] is not None else f"{'-':>7}" for k in ("p50_s", "p99_s", "max_s"))
+            cells = " ".join(f"{f[k]:>7.2f}" if f[k] is not None else f"{'-':>7}"
+                             for k in ("p50_s", "p99_s", "max_s"))
             print(f"{policy:<9} {cls:<10} {f['requests']:>8} {cells} {f['within_slo']:>8.2%}")
     return 0
 

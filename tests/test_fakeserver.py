@@ -1,5 +1,6 @@
 """The fake model server behaves like vLLM where the autoscaler can tell: slots, a queue (FCFS, or by
-priority as vLLM's `--scheduling-policy priority`), time per token, vLLM's metric names, and a drain that finishes what it has and takes nothing new."""
+priority as vLLM's `--scheduling-policy priority`), time per token, vLLM's metric names, and a drain that
+finishes what it has and takes nothing new."""
 
 import asyncio
 
