@@ -54,7 +54,7 @@ def test_seeds_print_each_seed_and_the_worst_seeds_verdict(capsys):
     assert main(["--trace", "scenario:doubling", "--seeds", "1-2"]) == 0
     out = capsys.readouterr().out
     assert "seed 1: critical" in out and "seed 2: critical" in out
-    assert "worst seed " in out and "targets:" in out and "of 2 seeds (1, 2)" in out
+    assert "worst seed " in out and "targets:" in out and "of 2 seeds" in out
     one = main(["--trace", "scenario:doubling", "--seed", "2", "--policies", "predictive", "--json"])
     assert one == 0  # --seeds 2 is --seed 2: the same row
     row = json.loads(capsys.readouterr().out)[0]
