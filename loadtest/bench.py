@@ -14,6 +14,10 @@ With `--idle-after-s S` the predictive policy runs twice: as always, and as `pre
 to zero after S s without demand. Requests arriving while a model has no ready replica are then held
 (`autoscaler.sim.hold`), and each policy that held any reports how many, the p50 and p99 of the hold and
 how many were dropped after `--max-hold-s`. Without the flag the output is as before.
+
+`--server-priority` (request traces) has the model servers serve their queue by class, highest first, as
+vLLM's `--scheduling-policy priority`; `--seeds A-B` runs the predictive policy once per seed and prints the
+worst seed's verdict (`loadtest.seedbench`).
 """
 
 from __future__ import annotations
