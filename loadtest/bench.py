@@ -14,6 +14,10 @@ With `--idle-after-s S` the predictive policy runs twice: as always, and as `pre
 to zero after S s without demand. Requests arriving while a model has no ready replica are then held
 (`autoscaler.sim.hold`), and each policy that held any reports how many, the p50 and p99 of the hold and
 how many were dropped after `--max-hold-s`. Without the flag the output is as before.
+
+`--server-priority` (request traces) has the model servers serve their queue by class, highest first, as
+vLLM's `--scheduling-policy priority`; `--seeds A-B` runs the predictive policy once per seed and prints the
+worst seed's verdict (`loadtest.seedbench`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from autoscaler.progress import bar as progress_bar
 from autoscaler.sim.cluster import ClusterModel
 from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import PolicyRun, SimConfig, initial_replicas, needed_replicas, run, ticks
-from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
+from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, RequestWorkload, ServerModel, WorkloadConfig, build
 from autoscaler.traces import read_trace
 from loadtest import policyset, scenarios
 from loadtest.measure import MAX_SHED, TOP_TARGET, billed, figures, floor_gpu_hours, meets, targets
@@ -138,6 +142,21 @@ def policy_overrides(args: argparse.Namespace) -> dict:
     return data
 
 
+def seed_range(text: str) -> list[int]:
+    """"1-10" or "1,3,6" (or both: "1-3,6") as a list of seeds, in order, at least one."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if sep else int(lo)
+            if last < first:
+                raise ValueError
+            seeds += range(first, last + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 1-10 or 1,3,6, got {text!r}") from None
+    return seeds
+
+
 def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench",
                description: str | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
@@ -164,7 +183,15 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
                    help="price of one GPU-hour of the node type: cost = node GPU-hours x this (default: %(default)s)")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
                    help="shares of the policy's priority classes, highest first (critical,standard,sheddable; default: %(default)s)")
-    p.add_argument("--seed", type=int, default=5, help="rate traces: seed of each client's per-tick arrivals (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="rate traces: seed of each client's per-tick arrivals; request traces: seed of the class draws "
+                   "and of the copies a --scale above 1 adds (default: 5 for rate traces, 1 for request traces)")
+    p.add_argument("--seeds", type=seed_range, default=None, metavar="A-B",
+                   help="run the predictive policy once per seed (A-B or a comma list) and print each seed's row and "
+                   "the worst seed's verdict (default: one run at --seed)")
+    p.add_argument("--server-priority", action="store_true",
+                   help="request traces: model servers serve their queue by class, highest first (vLLM's "
+                   "--scheduling-policy priority; default: first come first served)")
     p.add_argument("--policies", default=",".join(policyset.NAMES), help="comma-separated policies to replay (default: %(default)s)")
     p.add_argument("--policy-config", default=None,
                    help="YAML of predictive policy fields, or a controller config (its policy section; default: the built-in policy)")
@@ -228,11 +255,15 @@ def prepare(args: argparse.Namespace) -> Setup:
                           f"{exc}") from None
     trace = scenarios.read(args.trace) if scenarios.is_scenario(args.trace) else read_trace(args.trace)
     server = ServerModel(concurrency=args.concurrency)
-    config = SimConfig(tick_s=args.tick_s, slo_s=args.slo_s, arrival_seed=args.seed, cluster=cluster, server=server)
+    seeds = {} if args.seed is None else {"arrival_seed": args.seed}
+    config = SimConfig(tick_s=args.tick_s, slo_s=args.slo_s, cluster=cluster, server=server,
+                       server_priority=args.server_priority, **seeds)
     workload = build(
         trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, classes=classes, priority_mix=mix,
-                              server=server)
+                              server=server, **({} if args.seed is None else {"seed": args.seed}))
     )
+    if args.server_priority and not isinstance(workload, RequestWorkload):
+        raise ConfigError("--server-priority: modelled for request traces only (a rate trace has one fluid queue)")
     check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.trace, error=TraceError)
     needed = needed_replicas(workload, config)
     bound = policyset.replica_bound(needed)
@@ -273,6 +304,23 @@ def hold_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def replay_rows(setup: Setup, names: tuple[str, ...], *, keep_timeline: bool = False) -> tuple[list[dict], dict]:
+    """Replay each named policy (clairvoyant among them) on the setup: a row of figures per policy, in order,
+    and the runs by name. ValueError on an unknown policy."""
+    runs = policyset.build(setup.config, setup.needed, names, predictive=setup.spec, max_replicas=setup.bound)
+    if setup.zero_spec is not None:
+        at = next((i + 1 for i, p in enumerate(runs) if p.name == "predictive"), 0)
+        runs.insert(at, PolicyRun("predictive-zero", setup.zero_spec, decide, initial_state()))
+    results = {}
+    for policy in runs:
+        bar = progress_bar(total=ticks(setup.workload, setup.config.tick_s), label=policy.name)
+        results[policy.name] = run(policy, setup.workload, setup.config, initial_replicas=setup.start(policy.name),
+                                   keep_timeline=keep_timeline, progress=bar.update)
+        bar.close()
+    clairvoyant = results["clairvoyant"].costs.replica_gpu_hours
+    return [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs], results
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--fleet" or a.startswith("--fleet=") for a in argv):  # the multi-model benchmark
@@ -289,29 +337,20 @@ def main(argv: list[str] | None = None) -> int:
         from loadtest.frontier import frontier_main
 
         return frontier_main(args, setup)
+    if args.seeds:
+        from loadtest.seedbench import seeds_main
+
+        return seeds_main(args)
     workload, config, needed, classes, sheddable = (setup.workload, setup.config, setup.needed, setup.classes,
                                                     setup.sheddable)
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
     if "clairvoyant" not in names:
         names += ("clairvoyant",)
     try:
-        runs = policyset.build(config, needed, names, predictive=setup.spec, max_replicas=setup.bound)
+        rows, results = replay_rows(setup, names, keep_timeline=args.timeline_dir is not None)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if setup.zero_spec is not None:
-        at = next((i + 1 for i, p in enumerate(runs) if p.name == "predictive"), 0)
-        runs.insert(at, PolicyRun("predictive-zero", setup.zero_spec, decide, initial_state()))
-    results = {}
-    for policy in runs:
-        bar = progress_bar(total=ticks(workload, config.tick_s), label=policy.name)
-        results[policy.name] = run(
-            policy, workload, config, initial_replicas=setup.start(policy.name),
-            keep_timeline=args.timeline_dir is not None, progress=bar.update,
-        )
-        bar.close()
-    clairvoyant = results["clairvoyant"].costs.replica_gpu_hours
-    rows = [figures(results[p.name], clairvoyant, gpu_hour_price=setup.gpu_hour_price) for p in runs]
     floor = floor_gpu_hours(workload, config)
     for row in rows:
         row["gpu_hours_vs_floor"] = round(row["gpu_hours"] / floor, 3) if floor else None

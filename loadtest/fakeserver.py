@@ -1,15 +1,20 @@
-"""A fake GPU model server that behaves like vLLM where the autoscaler can tell: slots, an FCFS queue, time
-per token, vLLM's metric names, and a graceful drain. The one thing the closed-loop tests fake.
+"""A fake GPU model server that behaves like vLLM where the autoscaler can tell: slots, a queue (first come
+first served, or by priority), time per token, vLLM's metric names, and a graceful drain. The one thing the
+closed-loop tests fake.
 
-    python -m loadtest.fakeserver --port 8000 [--concurrency 16] [--time-scale 0.1]
+    python -m loadtest.fakeserver --port 8000 [--concurrency 16] [--time-scale 0.1] [--scheduling-policy priority]
 
 - `POST /v1/completions` (OpenAI-compatible): `prompt` as text (one token per word) or as a list of token
-  ids, `max_tokens` tokens generated (as with vLLM's `ignore_eos`). The request waits in one FCFS queue for
+  ids, `max_tokens` tokens generated (as with vLLM's `ignore_eos`). The request waits in one queue for
   one of `concurrency` slots (vLLM's `--max-num-seqs`), then holds it for
   prefill_s_per_token x prompt + decode_s_per_token x output seconds, times `time_scale` (a time-compressed
   test runs every duration faster by the same factor): the simulator's capacity model, request by request.
   The answer is a `text_completion` with `usage`; header `x-queue-seconds` says how long it waited for a
   slot (a test-harness addition; vLLM reports the same time only in `vllm:request_queue_time_seconds`).
+- Scheduling policy (vLLM's `--scheduling-policy`): `fcfs` (the default) serves the queue in arrival order;
+  `priority` serves it by (the request's integer `priority` field, arrival): lower values first, default 0,
+  as vLLM does. As vLLM, an `fcfs` server rejects (400) a request whose `priority` is not 0. A request that
+  holds a slot keeps it (vLLM's priority preemption acts on KV-cache pressure, which this server has not).
 - `GET /metrics`: vLLM's names: gauges `vllm:num_requests_waiting`, `vllm:num_requests_running`,
   `vllm:kv_cache_usage_perc` (the share of slots in use); counters `vllm:request_success_total`,
   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`; histograms
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
+import itertools
 import signal
 import time
 
@@ -46,9 +53,59 @@ def prompt_tokens(prompt: object) -> int:
     raise ValueError("prompt must be a string, a list of strings or a list of token ids")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def request_priority(body: dict, policy: str) -> int:
+    """The request's `priority` as vLLM reads it: an integer, 0 when absent, non-zero only under `priority`."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("priority must be an integer")
+    if value != 0 and policy != "priority":
+        raise ValueError(f"Got priority {value} but Priority scheduling is not enabled.")
+    return value
+
+
+class Slots:
+    """`count` slots handed to waiters in (key, arrival) order: a FIFO semaphore when every key is equal.
+
+    Invariant: a slot is free only while nobody waits for it; a released slot goes straight to the first
+    waiter, so a later arrival cannot overtake a waiter with an equal or lower key."""
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._arrival = itertools.count()
+
+    async def acquire(self, key: int = 0) -> None:
+        if self.free and not self._waiters:
+            self.free -= 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (key, next(self._arrival), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # the slot was handed over as we were cancelled
+                self.release()
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():  # a cancelled waiter is skipped
+                future.set_result(None)
+                return
+        self.free += 1
+
+
 class FakeModelServer:
     def __init__(self, *, concurrency: int = 16, prefill_s_per_token: float = 0.0001,
-                 decode_s_per_token: float = 0.02, time_scale: float = 1.0, model: str = "fake-model") -> None:
+                 decode_s_per_token: float = 0.02, time_scale: float = 1.0, model: str = "fake-model",
+                 scheduling_policy: str = "fcfs") -> None:
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {scheduling_policy!r}")
+        self.scheduling_policy = scheduling_policy
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         self.model = model
@@ -72,7 +129,7 @@ class FakeModelServer:
                        self.e2e, self.queue_time, self.inference, self.ttft):
             metric.labels(model)  # export every series from the start
         self.concurrency = concurrency
-        self.slots = asyncio.Semaphore(concurrency)  # FIFO: waiters are woken in arrival order
+        self.slots = Slots(concurrency)  # waiters are served by (priority, arrival); all 0 under fcfs
         self.prefill, self.decode, self.time_scale = prefill_s_per_token, decode_s_per_token, time_scale
         self.in_flight = 0  # waiting + running
         self.idle = asyncio.Event()
@@ -91,25 +148,31 @@ class FakeModelServer:
             out = int(body.get("max_tokens", 16))
             if out < 0:
                 raise ValueError("max_tokens must be >= 0")
-        except (ValueError, TypeError) as exc:
+            priority = request_priority(body, self.scheduling_policy)
+        except (ValueError, TypeError, AttributeError) as exc:
             return web.json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, status=400)
         started = time.monotonic()
         self.in_flight += 1
         self.idle.clear()
         self._l(self.waiting).inc()
         try:
-            async with self.slots:
-                queued = time.monotonic() - started
+            try:
+                await self.slots.acquire(priority)
+            except asyncio.CancelledError:
                 self._l(self.waiting).dec()
-                self._l(self.running).inc()
+                raise
+            queued = time.monotonic() - started
+            self._l(self.waiting).dec()
+            self._l(self.running).inc()
+            self._set_usage()
+            prefill_s = self.prefill * prompt * self.time_scale
+            slot_s = prefill_s + self.decode * out * self.time_scale
+            try:
+                await asyncio.sleep(slot_s)
+            finally:
+                self._l(self.running).dec()
                 self._set_usage()
-                prefill_s = self.prefill * prompt * self.time_scale
-                slot_s = prefill_s + self.decode * out * self.time_scale
-                try:
-                    await asyncio.sleep(slot_s)
-                finally:
-                    self._l(self.running).dec()
-                    self._set_usage()
+                self.slots.release()
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -204,10 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="as vLLM's: fcfs, or priority by the request's `priority` field (default: %(default)s)")
     args = p.parse_args(argv)
 
     async def serve() -> None:
-        server = RunningServer(FakeModelServer(concurrency=args.concurrency, time_scale=args.time_scale),
+        server = RunningServer(FakeModelServer(concurrency=args.concurrency, time_scale=args.time_scale,
+                                               scheduling_policy=args.scheduling_policy),
                                args.host, args.port)
         await server.start()
         stop = asyncio.Event()

@@ -9,6 +9,11 @@ slow the offered load), as an OpenAI completion with the priority header. Each r
 `{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "error"}`, times at factor 1:
 `queue_s` is the server's `x-queue-seconds` (time waiting for a slot), `latency_s` the whole exchange;
 status 429 is a request the gateway shed; status 0 with an error is a request that got no answer.
+
+With `--priority-in-body` the body also carries vLLM's `priority` field for the class (`BODY_PRIORITY`:
+critical 0, standard 1, sheddable 2; lower is served first by a server run with `--scheduling-policy
+priority`). It is what the gateway would set from the class; off by default because a vLLM server in its
+default `fcfs` policy rejects any priority but 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 import aiohttp
 
 PRIORITY_HEADER = "x-request-priority"
+# vLLM's per-request `priority` for each class: lower is served earlier under `--scheduling-policy priority`.
+BODY_PRIORITY = {"critical": 0, "standard": 1, "sheddable": 2}
 
 
 @dataclass(frozen=True)
@@ -42,13 +49,22 @@ class Request:
         return cls(int(d["i"]), float(d["t_s"]), str(d["class"]), int(d["input_tokens"]), int(d["output_tokens"]))
 
 
+def completion_body(request: Request, *, priority_in_body: bool = False) -> dict:
+    """The OpenAI completion for a request; with `priority_in_body`, vLLM's `priority` of its class (a class
+    not in BODY_PRIORITY gets the lowest priority there is)."""
+    body = {"model": "fake-model", "prompt": [0] * request.input_tokens, "max_tokens": request.output_tokens}
+    if priority_in_body:
+        body["priority"] = BODY_PRIORITY.get(request.cls, max(BODY_PRIORITY.values()))
+    return body
+
+
 async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, factor: float, start: float,
-               timeout: aiohttp.ClientTimeout) -> dict:
+               timeout: aiohttp.ClientTimeout, priority_in_body: bool = False) -> dict:
     sent = time.monotonic()
     record = {"i": request.i, "class": request.cls, "sent_s": (sent - start) * factor,
               "late_s": max(0.0, (sent - start) * factor - request.t_s), "status": 0, "queue_s": None,
               "latency_s": None, "error": None}
-    body = {"model": "fake-model", "prompt": [0] * request.input_tokens, "max_tokens": request.output_tokens}
+    body = completion_body(request, priority_in_body=priority_in_body)
     try:
         async with session.post(f"{url}/v1/completions", json=body, headers={PRIORITY_HEADER: request.cls},
                                 timeout=timeout) as response:
@@ -64,7 +80,7 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
 
 
 async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
-                 timeout_s: float = 3600.0, start_at: float | None = None) -> None:
+                 timeout_s: float = 3600.0, start_at: float | None = None, priority_in_body: bool = False) -> None:
     """Send every request on schedule; write one record per request (in completion order) to `out`.
     `start_at`: the wall-clock time (unix seconds) of t = 0, shared with whoever watches the run."""
     timeout = aiohttp.ClientTimeout(total=timeout_s / factor)
@@ -83,7 +99,8 @@ async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
                 delay = start + request.t_s / factor - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(_one(session, url, request, factor=factor, start=start, timeout=timeout))
+                task = asyncio.create_task(_one(session, url, request, factor=factor, start=start, timeout=timeout,
+                                                    priority_in_body=priority_in_body))
                 pending.add(task)
                 task.add_done_callback(done)
             while pending:
@@ -105,9 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--factor", type=float, default=1.0, help="time compression")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--start-at", type=float, default=None, help="unix time of t = 0 (default: now)")
+    p.add_argument("--priority-in-body", action="store_true",
+                   help="send vLLM's `priority` field for the class (for --scheduling-policy priority; default: off)")
     args = p.parse_args(argv)
     asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out,
-                       start_at=args.start_at))
+                       start_at=args.start_at, priority_in_body=args.priority_in_body))
 
 
 if __name__ == "__main__":

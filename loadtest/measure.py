@@ -31,12 +31,18 @@ def targets(classes: tuple[str, ...], sheddable: tuple[str, ...]) -> dict[str, f
     return {c: TOP_TARGET if i == 0 else OTHER_TARGET for i, c in enumerate(kept)}
 
 
+def margins(row: dict, classes: tuple[str, ...], sheddable: tuple[str, ...]) -> list[float]:
+    """Each target's margin, smallest first: attainment - target per kept class, `MAX_SHED` - shed per
+    sheddable class (negative: outside). Rows compare by their tightest margin, ties by the next."""
+    a = row["slo_attainment"]
+    parts = [a[c] - t for c, t in targets(classes, sheddable).items()]
+    return sorted(parts + [MAX_SHED - row["shed_by_class"][c] for c in sheddable])
+
+
 def margin(row: dict, classes: tuple[str, ...], sheddable: tuple[str, ...]) -> float:
     """How far a row of figures is inside the targets (negative: how far outside), in attainment units: the
     smallest of attainment - target and `MAX_SHED` - shed."""
-    a = row["slo_attainment"]
-    parts = [a[c] - t for c, t in targets(classes, sheddable).items()]
-    return min(parts + [MAX_SHED - row["shed_by_class"][c] for c in sheddable], default=0.0)
+    return min(margins(row, classes, sheddable), default=0.0)
 
 
 def meets(row: dict, classes: tuple[str, ...], sheddable: tuple[str, ...]) -> bool:

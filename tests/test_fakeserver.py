@@ -1,5 +1,6 @@
-"""The fake model server behaves like vLLM where the autoscaler can tell: slots, one FCFS queue, time per
-token, vLLM's metric names, and a drain that finishes what it has and takes nothing new."""
+"""The fake model server behaves like vLLM where the autoscaler can tell: slots, a queue (FCFS, or by
+priority as vLLM's `--scheduling-policy priority`), time per token, vLLM's metric names, and a drain that
+finishes what it has and takes nothing new."""
 
 import asyncio
 
@@ -7,7 +8,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.fakeserver import FakeModelServer, RunningServer, prompt_tokens
+from loadtest.fakeserver import FakeModelServer, RunningServer, Slots, prompt_tokens
 
 from servers import free_port
 
@@ -88,3 +89,80 @@ def test_drain_finishes_what_it_has_and_refuses_new_connections():
 
     statuses, late = asyncio.run(go())
     assert statuses == [200, 200, 200] and late == "refused"
+
+
+def serve_order(policy, priorities):
+    """One slot held by a first request for 0.3 s; then requests with `priorities` arrive 20 ms apart and
+    queue. Returns the indices in the order they got the slot (by their queue wait)."""
+
+    async def go():
+        server = RunningServer(FakeModelServer(concurrency=1, prefill_s_per_token=0.0, decode_s_per_token=0.03,
+                                               scheduling_policy=policy), "127.0.0.1", free_port())
+        await server.start()
+        async with aiohttp.ClientSession() as session:
+            async def one(i, priority, out, delay_s):
+                await asyncio.sleep(delay_s)
+                body = {"model": "m", "prompt": "x", "max_tokens": out}
+                if priority is not None:
+                    body["priority"] = priority
+                async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    return i, float(response.headers["x-queue-seconds"])
+
+            first = asyncio.create_task(one(-1, None, 10, 0.0))
+            rest = [one(i, p, 2, 0.05 + 0.02 * i) for i, p in enumerate(priorities)]
+            waits = await asyncio.gather(first, *rest)
+        await server.drain()
+        return [i for i, _ in sorted(waits[1:], key=lambda w: w[1])]
+
+    return asyncio.run(go())
+
+
+def test_priority_policy_serves_a_later_critical_request_before_earlier_sheddable_ones():
+    """vLLM's `--scheduling-policy priority`: the queue is served by (priority, arrival), lower first; the
+    critical request (0) arriving last is served first, then the standard one (1), then the sheddable
+    ones (2) in arrival order."""
+    assert serve_order("priority", [2, 2, 1, 2, 0]) == [4, 2, 0, 1, 3]
+
+
+def test_fcfs_policy_serves_in_arrival_order_and_rejects_a_priority_as_vllm_does():
+    assert serve_order("fcfs", [None, None, None, 0, 0]) == [0, 1, 2, 3, 4]
+
+    async def go():
+        server = RunningServer(FakeModelServer(concurrency=1), "127.0.0.1", free_port())
+        await server.start()
+        async with aiohttp.ClientSession() as session:
+            statuses = []
+            for priority in (2, "high", 1.5):
+                body = {"model": "m", "prompt": "x", "max_tokens": 1, "priority": priority}
+                async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                    statuses.append(response.status)
+        await server.drain()
+        return statuses
+
+    assert asyncio.run(go()) == [400, 400, 400]
+    with pytest.raises(ValueError):
+        FakeModelServer(scheduling_policy="lifo")
+
+
+def test_a_cancelled_waiter_gives_its_turn_to_the_next():
+    async def go():
+        slots = Slots(1)
+        await slots.acquire()
+        order = []
+
+        async def wait(name, key):
+            await slots.acquire(key)
+            order.append(name)
+            slots.release()
+
+        gone = asyncio.create_task(wait("gone", 0))
+        kept = asyncio.create_task(wait("kept", 1))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        slots.release()
+        await kept
+        return order, slots.free
+
+    assert asyncio.run(go()) == (["kept"], 1)

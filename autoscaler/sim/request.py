@@ -1,10 +1,14 @@
-"""Request-level simulation: every request of the trace, first-come first-served.
+"""Request-level simulation: every request of the trace, first-come first-served (or by class).
 
 The gateway's queue feeds any free slot of any ready replica, one FCFS queue for all (how a least-loaded
 balancer in front of vLLM behaves; vLLM itself serves FCFS by default). Priority acts only at admission:
 a request of class c is shed when its fixed U(0,1) draw is below the shed level for c at that moment. So
 with exponential service times and a fixed replica count this is exactly M/M/c, which the tests check
 against Erlang C.
+
+With `server_priority` the queue is served by (class, arrival), highest class first (vLLM's
+`--scheduling-policy priority` with the class's priority in each request), non-preemptive: a request in a
+slot keeps it. The admission signals still see one queue: its total depth.
 
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
@@ -37,9 +41,41 @@ RATE_WINDOW_S = 60.0
 INF = math.inf
 
 
+class ClassQueue:
+    """A deque's popleft / append / len over one FIFO per class: popleft takes the oldest request of the
+    highest class waiting (class 0 is the highest)."""
+
+    def __init__(self, priority: list[int], classes: int) -> None:
+        self._priority = priority
+        self._fifos = [deque() for _ in range(classes)]
+        self._len = 0
+
+    def append(self, j: int) -> None:
+        self._fifos[self._priority[j]].append(j)
+        self._len += 1
+
+    def popleft(self) -> int:
+        for fifo in self._fifos:
+            if fifo:
+                self._len -= 1
+                return fifo.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        return (j for fifo in self._fifos for j in fifo)
+
+    def clear(self) -> None:
+        for fifo in self._fifos:
+            fifo.clear()
+        self._len = 0
+
+
 class RequestSim:
     def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float,
-                 probe_s: float = 1.0, max_hold_s: float | None = None) -> None:
+                 probe_s: float = 1.0, max_hold_s: float | None = None, server_priority: bool = False) -> None:
         self.w = workload
         self.tick_s = tick_s
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
@@ -60,9 +96,10 @@ class RequestSim:
         self.shed = np.zeros(n, dtype=bool)
         self._i = 0
         self._busy = 0
-        self._queue: deque[int] = deque()
-        self._heap: list[float] = []
         self.classes = workload.classes
+        self._queue: deque[int] | ClassQueue = (
+            ClassQueue(self._prio, len(self.classes)) if server_priority else deque())
+        self._heap: list[float] = []
         onehot = np.zeros((len(self.classes), n + 1))
         for c in range(len(self.classes)):
             onehot[c, 1:] = np.cumsum(workload.priority == c)

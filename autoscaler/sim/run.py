@@ -45,6 +45,9 @@ class SimConfig:
     # Scale to zero: requests arriving while no replica is ready are held up to this long (sim/hold.py);
     # None: not modelled (no hold figures, no held_requests signal).
     max_hold_s: float | None = None
+    # The model servers serve their queue by class, highest first (vLLM's --scheduling-policy priority);
+    # request-level simulation only.
+    server_priority: bool = False
 
     @property
     def cold_start_s(self) -> float:
@@ -108,8 +111,10 @@ def run(
     k = config.server.concurrency
     if isinstance(workload, RequestWorkload):
         sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
-                                               max_hold_s=config.max_hold_s)
+                                               max_hold_s=config.max_hold_s, server_priority=config.server_priority)
     else:
+        if config.server_priority:
+            raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
         sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed,
                       max_hold_s=config.max_hold_s)
     cluster: Cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
