@@ -52,7 +52,7 @@ from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, tic
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, RequestWorkload, ServerModel, WorkloadConfig, build
 from autoscaler.traces import RateTrace, RequestTrace, read_trace
 from loadtest import policyset
-from loadtest.bench import MAX_SHED, TOP_TARGET, targets
+from loadtest.measure import MAX_SHED, TOP_TARGET, targets
 from policies import Decision, decide, initial_state
 from policies.fleet import Budgets, FleetSpec, FleetState, ModelDemand, allocate, class_demand
 
