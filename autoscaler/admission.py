@@ -196,12 +196,12 @@ class Admission:
         return await self._held_answer(cls, 503, {}) or self._answer(cls, 429)
 
     async def auth_request(self, request: web.Request) -> web.Response:
-        """nginx's ordinary subrequest, under a short timeout: never held; 401 sends it to the hold."""
-        cls = self.classify(request.headers.get(self.header))
+        """nginx's ordinary subrequest, under a short timeout: never held; 401 sends it to the hold, whose
+        subrequest classifies the request (classified here too, an unknown class would count twice)."""
         if self.holding():
             self.board.wake.set()  # the loop starts deciding now; the hold subrequest follows at once
             return web.Response(status=401, text="no replica Ready: hold\n", headers={"X-Hold": "1"})
-        return self._answer(cls, 403)
+        return self._answer(self.classify(request.headers.get(self.header)), 403)
 
     async def auth_request_hold(self, request: web.Request) -> web.Response:
         """nginx's hold subrequest, under a timeout above the hold's: 200 once admitted, 403 when expired."""

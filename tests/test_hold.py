@@ -160,3 +160,26 @@ def test_a_held_request_fails_open_when_the_endpoint_dies_during_the_hold():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_held_request_of_an_unknown_class_is_counted_once():
+    """nginx asks twice on the hold path (the ordinary subrequest, then the hold's): one request, one count."""
+    thread = LoopThread()
+    board = DecisionBoard()
+    unknown: list[int] = []
+    admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="x-request-priority",
+                          default_class="standard", retry_after_s=7, max_hold_s=MAX_HOLD_S,
+                          on_unknown=lambda: unknown.append(1))
+    try:
+        with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
+             nginx_gateway(admission=endpoint, upstreams=upstreams,
+                           trusted_priority_header="x-request-priority") as (url, _):
+            at_zero(board, thread)
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(get, f"{url}/v1/completions", "no-such-class", COMPLETION)
+                wait_for(lambda: board.held_requests == 1)
+                thread.run(board.set_ready(1))
+                status, _ = answer.result(5)
+    finally:
+        thread.close()
+    assert status == 200 and len(unknown) == 1
