@@ -7,15 +7,15 @@ Two HTTP contracts on one server:
   with Retry-After and X-Shed-Reason for an `error_page 403` that answers 429 (see deploy/ and the tests).
 
 Priority comes from a request header the gateway sets from a trusted source (never the client's own; see
-deploy/gateway/): a class name in any case, or a 32-bit integer (Gateway API convention: below 0 is
-sheddable; it maps to the class with the largest priority not above it). A missing header is the default
-class; a value naming no class (a misspelt name, an integer beyond 32 bits) goes to the `unknown_class`
-(default: the default class) and is counted (`on_unknown`), so a gateway sending garbage shows in the
-metrics instead of passing silently as standard. The highest class is always admitted. Shed fractions are applied exactly, by
-error diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does
-not depend on chance. The saturation guard rejects a class while the queue is at least its depth; the
-queue comes from `live_queue` (in `autoscaler run`: the pods' queue and running gauges scraped every
-second, falling back to the latest tick's value when the probe does not know).
+deploy/gateway/): a class name in any case, or a 32-bit integer (Gateway API convention: below 0 is sheddable;
+it maps to the class with the largest priority not above it). A missing header is the default class; a value
+naming no class (a misspelt name, an integer beyond 32 bits) goes to the `unknown_class` (default: the default
+class) and is counted (`on_unknown`), so a gateway sending garbage shows in the metrics instead of passing
+silently as standard. The highest class is always admitted. Shed fractions are applied exactly, by error
+diffusion per class (a fraction of 0.25 rejects every fourth request), so the admitted share does not depend
+on chance. The saturation guard rejects a class while the queue is at least its depth; the queue comes from
+`live_queue` (in `autoscaler run`: the pods' queue and running gauges scraped every second, falling back to
+the latest tick's value when the probe does not know).
 
 A burst can arrive within one probe interval, so between readings the endpoint carries the probed queue
 forward with what it admitted itself: queue + max(0, admitted since the reading - free slots at the

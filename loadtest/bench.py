@@ -168,7 +168,8 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
                    help="replicas the busiest minute/window needs (default: %(default)s)")
     p.add_argument("--tick-s", type=number(at_least=1, at_most=300), default=15.0,
                    help="control-loop period (default: %(default)s)")
-    p.add_argument("--slo-s", type=number(above=0), default=2.0, help="queue-wait SLO per request (default: %(default)s)")
+    p.add_argument("--slo-s", type=number(above=0), default=2.0,
+                   help="queue-wait SLO per request (default: %(default)s)")
     p.add_argument("--startup-s", type=number(above=0), default=120.0,
                    help="pod creation -> Ready (mean, jittered; default: %(default)s)")
     p.add_argument("--node-provisioning-s", type=number(at_least=0), default=300.0,
@@ -176,13 +177,16 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
     p.add_argument("--concurrency", type=number(int, at_least=1), default=16,
                    help="requests one replica serves at once (default: %(default)s)")
     p.add_argument("--gpus-per-replica", type=int, default=1,
-                   help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs (default: %(default)s)")
+                   help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs (default: "
+                        "%(default)s)")
     p.add_argument("--gpus-per-node", type=int, default=1,
-                   help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas (default: %(default)s)")
+                   help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas (default: "
+                        "%(default)s)")
     p.add_argument("--gpu-hour-price", type=float, default=1.0,
                    help="price of one GPU-hour of the node type: cost = node GPU-hours x this (default: %(default)s)")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
-                   help="shares of the policy's priority classes, highest first (critical,standard,sheddable; default: %(default)s)")
+                   help="shares of the policy's priority classes, highest first (critical,standard,sheddable; "
+                        "default: %(default)s)")
     p.add_argument("--seed", type=int, default=None,
                    help="rate traces: seed of each client's per-tick arrivals; request traces: seed of the class draws "
                    "and of the copies a --scale above 1 adds (default: 5 for rate traces, 1 for request traces)")
@@ -192,9 +196,12 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
     p.add_argument("--server-priority", action="store_true",
                    help="request traces: model servers serve their queue by class, highest first (vLLM's "
                    "--scheduling-policy priority; default: first come first served)")
-    p.add_argument("--policies", default=",".join(policyset.NAMES), help="comma-separated policies to replay (default: %(default)s)")
+    p.add_argument("--policies", default=",".join(policyset.NAMES),
+                   help="comma-separated policies to replay (default: "
+                        "%(default)s)")
     p.add_argument("--policy-config", default=None,
-                   help="YAML of predictive policy fields, or a controller config (its policy section; default: the built-in policy)")
+                   help="YAML of predictive policy fields, or a controller config (its policy section; default: the "
+                        "built-in policy)")
     p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="one predictive policy field (YAML value), over --policy-config; repeatable (default: none)")
     p.add_argument("--idle-after-s", type=number(above=0), default=None,
@@ -203,11 +210,16 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
     p.add_argument("--max-hold-s", type=number(above=0), default=None,
                    help="with --idle-after-s: a request held longer is dropped (503) and counted "
                    "(default: the slowest cold start + 60 s)")
-    p.add_argument("--timeline-dir", default=None, help="write one CSV timeline per policy here (default: none written)")
+    p.add_argument("--timeline-dir", default=None,
+                   help="write one CSV timeline per policy here (default: none "
+                        "written)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON document (default: the table)")
     p.add_argument("--frontier", action="store_true",
-                   help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets (default: off)")
-    p.add_argument("--frontier-png", default=None, help="with --frontier: write the frontier plot here (default: no plot)")
+                   help="sweep each policy's knob: attainment against GPU-hours, and GPU-hours at the targets "
+                        "(default: off)")
+    p.add_argument("--frontier-png", default=None,
+                   help="with --frontier: write the frontier plot here (default: no "
+                        "plot)")
     p.add_argument("--workers", type=number(int, at_least=1), default=None,
                    help="with --frontier: processes (default: CPUs)")
     return p.parse_args(argv)

@@ -25,7 +25,8 @@ def summary(a: dict) -> str:
             "/".join(f"{v:g}" for v in bands["replicas"].values())),
         f"2. bursts: {ceiling['count']} above the sustained level ({ceiling['by_class']['noise']} shorter than a pod "
         f"start-up: noise; {ceiling['by_class']['warm']} within the cold-start window of {cold['total']:.0f} s: warm "
-        f"capacity; {ceiling['by_class']['capacity']} longer: capacity); burst ceiling {ceiling['ceiling_replicas']:.0f} "
+        f"capacity; {ceiling['by_class']['capacity']} longer: capacity); "
+        f"burst ceiling {ceiling['ceiling_replicas']:.0f} "
         f"replicas{' (the floor: no higher level lasted a cold start)' if ceiling['ceiling_raised_to_floor'] else ''} "
         f"(peak {ceiling['peak_replicas']}), reached {ceiling['ceiling_reached_times']} times",
         _residency_line(res, a["recommended"]["policy"]["replica_concurrency"]),
