@@ -343,3 +343,29 @@ def test_keda_tls_component_mounts_the_secret_and_sets_the_tls_config_and_the_tr
     assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
     assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == {"caCert", "tlsClientCert", "tlsClientKey"}
     assert auth["metadata"]["namespace"] == NS  # KEDA reads its Secret in the ScaledObject's namespace
+
+
+def _images(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "image" and isinstance(value, str):
+                yield value
+            else:
+                yield from _images(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _images(item)
+
+
+def test_every_shipped_image_is_pinned_to_a_release():
+    """A manifest's image names a tag (or digest) other than `latest`: an upgrade is a reviewed change, and the
+    model server's drain relies on a release that has --shutdown-timeout."""
+    images = {}
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for image in _images(doc):
+                images[image] = path.relative_to(ROOT)
+    assert "vllm/vllm-openai:v0.18.0" in images
+    for image, path in images.items():
+        name, _, tag = image.rpartition("@")[0].rpartition(":") if "@" in image else image.rpartition(":")
+        assert "@sha256:" in image or (name and tag and "/" not in tag and tag != "latest"), (str(path), image)

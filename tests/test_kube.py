@@ -114,7 +114,7 @@ def test_placeholder_copies_the_replica_shape(cluster, namespace):
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
         "containers": [
-            {"name": "vllm", "image": "vllm/vllm-openai:latest",
+            {"name": "vllm", "image": "vllm/vllm-openai:v0.18.0",
              "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "7", "memory": "30Gi"},
                            "limits": {"nvidia.com/gpu": "1", "memory": "30Gi"}}},
             {"name": "proxy", "image": "envoy", "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}}}],
