@@ -176,13 +176,13 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
                    help="a new node's arrival (jittered; default: %(default)s)")
     p.add_argument("--concurrency", type=number(int, at_least=1), default=16,
                    help="requests one replica serves at once (default: %(default)s)")
-    p.add_argument("--gpus-per-replica", type=int, default=1,
+    p.add_argument("--gpus-per-replica", type=number(int, at_least=1), default=1,
                    help="GPUs one replica needs, on one node (tensor parallel); GPU-hours are in GPUs (default: "
                         "%(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=1,
+    p.add_argument("--gpus-per-node", type=number(int, at_least=1), default=1,
                    help="GPUs of a node; a node holds gpus-per-node // gpus-per-replica replicas (default: "
                         "%(default)s)")
-    p.add_argument("--gpu-hour-price", type=float, default=1.0,
+    p.add_argument("--gpu-hour-price", type=number(at_least=0), default=1.0,
                    help="price of one GPU-hour of the node type: cost = node GPU-hours x this (default: %(default)s)")
     p.add_argument("--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_MIX),
                    help="shares of the policy's priority classes, highest first (critical,standard,sheddable; "
@@ -252,13 +252,11 @@ def prepare(args: argparse.Namespace) -> Setup:
     classes = CLASSES
     try:
         mix = tuple(float(x) for x in args.priority_mix.split(","))
-        if len(mix) != len(classes) or min(mix) < 0 or sum(mix) <= 0:
+        if len(mix) != len(classes) or not all(0 <= x < float("inf") for x in mix) or sum(mix) <= 0:
             raise ValueError
     except ValueError:
         raise ConfigError(f"--priority-mix: expected {len(classes)} non-negative shares for {list(classes)} like "
                           f"0.2,0.5,0.3, got {args.priority_mix!r}") from None
-    if not args.gpu_hour_price >= 0:
-        raise ConfigError(f"--gpu-hour-price: expected a price >= 0, got {args.gpu_hour_price:g}")
     try:
         cluster = ClusterModel(startup_s=args.startup_s, node_provisioning_s=args.node_provisioning_s,
                                gpus_per_replica=args.gpus_per_replica, gpus_per_node=args.gpus_per_node)
