@@ -1,0 +1,252 @@
+"""The fleet controller on a real kube-apiserver: ModelAutoscaler objects watched, each model's Deployment
+scaled to its decision, statuses written, spec changes, deletions and invalid objects handled, and the KEDA
+and admission servers answering per model. Signals come from a fake SignalHub (decisions are predictable:
+16 requests in flight per replica); the cluster reads and writes are real."""
+
+import asyncio
+import time
+
+import aiohttp
+import grpc
+import pytest
+
+from autoscaler.clock import SystemClock
+from autoscaler.config import Settings
+from autoscaler.crd import GROUP, PLURAL, VERSION
+from autoscaler.external_scaler import externalscaler_pb2 as pb
+from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
+from autoscaler.fleet.routing import FleetAdmission, FleetScaler
+from autoscaler.fleet.runtime import build_fleet
+from autoscaler.external_scaler.server import serve
+from autoscaler.kube.client import Kube
+from autoscaler.runtime import Parts, _serve
+from autoscaler.signals.prometheus import QueryResult
+from policies import Sample
+
+from helpers import ROOT
+from loadtest.kube.controlplane import model_deployment
+from loadtest.realservers import free_port
+
+CRD_FILE = ROOT / "deploy" / "crds" / "modelautoscaler.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    [doc] = cluster.apply_yaml(CRD_FILE.read_text())
+    cluster.wait_established([doc["metadata"]["name"]])
+
+
+class Hub:
+    """A SignalHub whose answers the test sets: requests in flight per model."""
+
+    def __init__(self, in_flight):
+        self.in_flight, self.failing, self.refreshed = dict(in_flight), set(), []
+
+    async def refresh(self, now, models):
+        self.refreshed.append(set(models))
+
+    def source(self, key):
+        hub = self
+
+        class Source:
+            async def collect(self, now):
+                if key in hub.failing:
+                    raise RuntimeError(f"bug in the source of {key}")
+                return QueryResult(samples={"in_flight": Sample(hub.in_flight[key], now),
+                                            "queue_depth": Sample(0.0, now)})
+
+        return Source()
+
+
+def fleet_settings(ns, mode="actuate"):
+    return Settings(fleet={"enabled": True, "namespaces": [ns], "status_every_ticks": 5}, mode=mode,
+                    prometheus={"url": "http://127.0.0.1:9"}, warm_pool={"enabled": False},
+                    leader_election={"enabled": False}, admission={"queue_probe_interval_s": None},
+                    policy={"tick_s": 5, "forecast_bucket_s": 60})
+
+
+def model(name, **policy):
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelAutoscaler", "metadata": {"name": name},
+            "spec": {"target": {"name": name}, "selector": {"matchLabels": {"app": name}},
+                     "policy": {"min_replicas": 1, "max_replicas": 8, "tick_s": 5, "forecast_bucket_s": 60,
+                                **policy}}}
+
+
+def objects_path(ns, name=""):
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" + (f"/{name}" if name else "")
+
+
+def replicas(cluster, ns, name):
+    return cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")[1]["spec"]["replicas"]
+
+
+def ready(cluster, ns, name):
+    return cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")[1]["status"].get(
+        "readyReplicas", 0)
+
+
+def create(cluster, ns, names, **policy):
+    for name in names:
+        assert cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
+                               model_deployment(ns, name, 1))[0] == 201
+        status, body = cluster.request("POST", objects_path(ns), model(name, **policy))
+        assert status == 201, body
+
+
+async def until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+class Running:
+    """A fleet controller in this process, its watch running, ticked by the test."""
+
+    def __init__(self, cluster, settings, hub):
+        self.cluster, self.settings, self.hub = cluster, settings, hub
+
+    async def __aenter__(self):
+        self.kube = await Kube.connect(self.cluster.kubeconfig)
+        self.session = aiohttp.ClientSession()
+        parts, self.stop = Parts(), asyncio.Event()
+        self.fleet = build_fleet(self.settings, self.kube, self.session, identity="test", clock=SystemClock(),
+                                 parts=parts, hub=self.hub)
+        self.watch = self.fleet.objects
+        self.task = asyncio.create_task(self.watch.run(self.stop))
+        await asyncio.wait_for(self.watch.synced.wait(), 10)
+        return self
+
+    async def __aexit__(self, *exc):
+        self.stop.set()
+        await self.task
+        await asyncio.gather(*(m.stop() for m in self.fleet.models.values()))
+        await self.session.close()
+        await self.kube.close()
+
+
+def test_fleet_scales_each_model_follows_spec_changes_deletions_and_reports_invalid_objects(cluster, crd, namespace):
+    ns = namespace
+    create(cluster, ns, ["a", "b", "c"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 20, (ns, "c"): 8})  # 3, 2 and 1 replicas at 16 in flight each
+
+    async def go():
+        async with Running(cluster, fleet_settings(ns), hub) as run:
+            fleet = run.fleet
+            await fleet.tick()
+            assert [replicas(cluster, ns, n) for n in "abc"] == [3, 2, 1]
+            assert hub.refreshed == [{(ns, "a"), (ns, "b"), (ns, "c")}]  # one refresh for the fleet
+            status = cluster.request("GET", objects_path(ns, "a"))[1]["status"]
+            assert status["replicas"] == 3 and status["observedGeneration"] == 1 and status["reasons"]
+            conditions = {c["type"]: c for c in status["conditions"]}
+            assert conditions["Active"]["status"] == "True" and conditions["SignalsMissing"]["status"] == "False"
+            assert status["lastDecisionTime"].endswith("Z")
+
+            # a spec change: the next tick uses it, with the learned state kept
+            change = {"spec": {"policy": {"max_replicas": 2}}}
+            status_code, body = cluster.request("PATCH", objects_path(ns, "a"), change)
+            assert status_code == 200, body
+            await until(lambda: run.watch.objects[(ns, "a")].generation == 2)
+            learned = fleet.models[(ns, "a")].controller.state
+            assert "in_flight" in learned.seen
+            await fleet.reconcile()
+            assert fleet.models[(ns, "a")].controller.state is learned
+            assert fleet.models[(ns, "a")].settings.policy.max_replicas == 2
+
+            # a failing model does not stop the others; deleted: no longer ticked, its Deployment untouched
+            hub.failing.add((ns, "b"))
+            assert cluster.request("DELETE", objects_path(ns, "c"))[0] == 200
+            hub.in_flight[(ns, "c")] = 100
+            await until(lambda: (ns, "c") not in run.watch.objects)
+            await fleet.tick()
+            assert replicas(cluster, ns, "a") == 2
+            assert (ns, "c") not in fleet.models and hub.refreshed[-1] == {(ns, "a"), (ns, "b")}
+            assert replicas(cluster, ns, "c") == 1
+            status = cluster.request("GET", objects_path(ns, "a"))[1]["status"]
+            assert status["replicas"] == 2 and status["observedGeneration"] == 2
+
+            # an object the apiserver takes but the controller cannot use (admission's default class missing)
+            bad = model("d", priorities={"critical": 10, "batch": -1})
+            assert cluster.request("POST", objects_path(ns), bad)[0] == 201
+            await until(lambda: (ns, "d") in run.watch.objects)
+            hub.failing.clear()
+            before = {k: m.decided_s for k, m in fleet.models.items()}
+            await fleet.tick()
+            assert (ns, "d") not in fleet.models and all(m.decided_s > before[k] for k, m in fleet.models.items())
+            assert fleet.models[(ns, "b")].decision.valid
+            status = cluster.request("GET", objects_path(ns, "d"))[1]["status"]
+            [active] = status["conditions"]
+            assert active["type"] == "Active" and active["status"] == "False" and active["reason"] == "InvalidSpec"
+            assert "default_priority" in active["message"]
+
+    asyncio.run(go())
+
+
+def test_keda_mode_answers_each_model_by_the_scaled_objects_metadata_and_admission_routes_by_header(
+        cluster, crd, namespace):
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 20})
+
+    async def go():
+        async with Running(cluster, fleet_settings(ns, mode="keda"), hub) as run:
+            # Ready replicas, so the admission endpoint answers at once (at zero Ready it would hold)
+            await until(lambda: all(ready(cluster, ns, n) == 1 for n in "ab"), timeout_s=30)
+            await run.fleet.tick()
+            port = free_port()
+            server = await serve(FleetScaler(run.fleet, metric_name="desired-replicas"), host="127.0.0.1", port=port)
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    stub = pb_grpc.ExternalScalerStub(channel)
+
+                    async def metric(scaled_object, model_name):
+                        ref = pb.ScaledObjectRef(name=scaled_object, namespace=ns,
+                                                 scalerMetadata={"modelAutoscaler": model_name})
+                        reply = await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref,
+                                                                           metricName="desired-replicas"))
+                        return reply.metricValues[0].metricValueFloat
+
+                    assert await metric("so-a", "a") == 3.0 and await metric("so-b", "b") == 2.0
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await metric("so-x", "x")
+                    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            finally:
+                await server.stop(grace=None)
+            assert [replicas(cluster, ns, n) for n in "ab"] == [1, 1]  # KEDA scales, not the controller
+
+            unknown = []
+            admission = FleetAdmission(run.fleet, on_unknown=lambda: unknown.append(1))
+            port = free_port()
+            runner = await _serve(admission.app(), "127.0.0.1", port)
+            try:
+                async with aiohttp.ClientSession() as http:
+                    base = f"http://127.0.0.1:{port}"
+                    async with http.get(base + "/auth_request", headers={"x-model-autoscaler": f"{ns}/a"}) as r:
+                        assert r.status == 200
+                    async with http.get(base + f"/models/{ns}/b/ext_authz/v1/chat") as r:
+                        assert r.status == 200
+                    async with http.get(base + "/auth_request", headers={"x-model-autoscaler": f"{ns}/x"}) as r:
+                        assert r.status == 200  # unknown: admitted, counted
+            finally:
+                await runner.cleanup()
+            assert len(unknown) == 1
+            answered = {k: m.metrics.admission.labels("standard", "admitted")._value.get()
+                        for k, m in run.fleet.models.items()}
+            assert answered == {(ns, "a"): 1, (ns, "b"): 1}
+
+    asyncio.run(go())
+
+
+def test_config_needs_a_target_or_fleet_mode_and_not_both(tmp_path):
+    from autoscaler.config import load_config
+    from autoscaler.errors import ConfigError
+
+    path = tmp_path / "config.yaml"
+    path.write_text("prometheus: {url: http://prom:9090}\n")
+    with pytest.raises(ConfigError, match="no target: set target .* or fleet.enabled"):
+        load_config(path)
+    path.write_text("prometheus: {url: http://prom:9090}\ntarget: {namespace: llm, name: m}\nfleet: {enabled: true}\n")
+    with pytest.raises(ConfigError, match="target llm/m and fleet.enabled: pick one"):
+        load_config(path)
+    path.write_text("prometheus: {url: http://prom:9090}\nfleet: {enabled: true, namespaces: [llm, chat]}\n")
+    assert load_config(path).fleet.namespaces == ["llm", "chat"]
