@@ -250,3 +250,78 @@ def test_config_needs_a_target_or_fleet_mode_and_not_both(tmp_path):
         load_config(path)
     path.write_text("prometheus: {url: http://prom:9090}\nfleet: {enabled: true, namespaces: [llm, chat]}\n")
     assert load_config(path).fleet.namespaces == ["llm", "chat"]
+
+
+FLEET_NS = "fleet-ctl"
+
+
+@pytest.fixture(scope="module")
+def fleet_installed(cluster, crd, tmp_path_factory):
+    """The fleet's overlay: base + fleet-crd + fleet + model-name (the controller's name `fleet`)."""
+    from overlays import render_overlay
+    from test_deploy import PATHS
+
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": FLEET_NS}})[0] in (201, 409)
+    docs = render_overlay(tmp_path_factory.mktemp("fleet"), namespace=FLEET_NS, model="fleet",
+                          components=("fleet-crd", "fleet", "model-name"))
+    for doc in docs:
+        path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", FLEET_NS))
+        status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
+        assert status == 201 or (status == 409 and doc["kind"] == "PriorityClass"), body.get("message")
+    return docs
+
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}", True),  # every namespace's objects
+    ("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/any/{PLURAL}/m/status", True),
+    ("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/any/{PLURAL}/m", False),  # never the spec
+    ("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/any/{PLURAL}/m", False),
+    ("PATCH", "/apis/apps/v1/namespaces/any/deployments/m/scale", True),
+    ("PATCH", "/apis/apps/v1/namespaces/any/statefulsets/m/scale", True),
+    ("POST", "/apis/apps/v1/namespaces/any/deployments", True),  # a model's warm pool
+    ("DELETE", "/apis/apps/v1/namespaces/any/deployments/m", False),
+    ("GET", "/api/v1/namespaces/any/pods", True),
+    ("DELETE", "/api/v1/namespaces/any/pods/p", False),
+    ("GET", "/api/v1/namespaces/any/secrets", False),
+    ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases/fleet-autoscaler", True),
+    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/any/leases/other", False),
+    ("PATCH", "/api/v1/nodes/gpu-0", False),
+])
+def test_fleet_rbac_by_impersonation(cluster, fleet_installed, method, path, allowed):
+    from test_deploy import impersonated
+
+    status = impersonated(cluster, method, path, body={}, ns=FLEET_NS)
+    assert (status != 403) == allowed, status
+
+
+def test_fleet_overlay_runs_in_fleet_mode_and_its_service_account_controls_a_model(cluster, fleet_installed,
+                                                                                  namespace, tmp_path, monkeypatch):
+    from autoscaler.config import load_config
+    from test_deploy import service_account_kubeconfig
+
+    controller = next(d for d in fleet_installed if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config = next(d for d in fleet_installed if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"] == "inference-autoscaler")["data"]["config.yaml"]
+    (tmp_path / "config.yaml").write_text(config)
+    monkeypatch.setenv("AUTOSCALER_FLEET__ENABLED", env["AUTOSCALER_FLEET__ENABLED"])
+    shipped = load_config(tmp_path / "config.yaml")
+    assert shipped.fleet.enabled and shipped.target is None
+    create(cluster, namespace, ["a"])
+    hub = Hub({(namespace, "a"): 40})
+    settings = Settings(**{**shipped.model_dump(exclude={"target"}), "mode": "actuate",
+                           "fleet": {"enabled": True, "namespaces": []}, "leader_election": {"enabled": False},
+                           "policy": {"tick_s": 5, "forecast_bucket_s": 60}})
+    run = Running(cluster, settings, hub)
+    run.cluster = type("SA", (), {"kubeconfig": service_account_kubeconfig(cluster, FLEET_NS, "sa-fleet")})()
+
+    async def go():
+        async with run:
+            await run.fleet.tick()
+        assert (namespace, "a") in run.fleet.models
+
+    asyncio.run(go())
+    assert replicas(cluster, namespace, "a") == 3
+    assert cluster.request("GET", objects_path(namespace, "a"))[1]["status"]["replicas"] == 3
+    pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/a-warm-pool")
+    assert pool[0] == 200  # the warm pool, created by the service account
