@@ -325,3 +325,94 @@ def test_fleet_overlay_runs_in_fleet_mode_and_its_service_account_controls_a_mod
     assert cluster.request("GET", objects_path(namespace, "a"))[1]["status"]["replicas"] == 3
     pool = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/a-warm-pool")
     assert pool[0] == 200  # the warm pool, created by the service account
+
+
+def test_watch_relists_when_its_resource_version_is_gone_and_names_invalid_objects(cluster, crd, namespace):
+    from autoscaler.fleet.watch import ObjectWatch
+    from autoscaler.fleet.runtime import base_config
+
+    ns = namespace
+    create(cluster, ns, ["a"])
+    bad = model("b", priorities={"critical": 10, "batch": -1})
+    assert cluster.request("POST", objects_path(ns), bad)[0] == 201
+    errors = []
+
+    async def go():
+        kube = await Kube.connect(cluster.kubeconfig)
+        watch = ObjectWatch(kube, namespaces=(ns,), base=base_config(fleet_settings(ns)), on_error=errors.append)
+        stop = asyncio.Event()
+        # resuming from a resourceVersion etcd no longer serves: 410 Gone, so the watch lists again
+        task = asyncio.create_task(watch._watch(ns, stop, resource_version="1"))
+        try:
+            await until(lambda: (ns, "a") in watch.objects and (ns, "b") in watch.objects)
+            assert watch.objects[(ns, "a")].settings.target.name == "a"
+            assert watch.objects[(ns, "b")].settings is None and "default_priority" in watch.objects[(ns, "b")].error
+            assert cluster.request("DELETE", objects_path(ns, "a"))[0] == 200
+            await until(lambda: (ns, "a") not in watch.objects)
+        finally:
+            stop.set()
+            task.cancel()
+            await kube.close()
+
+    asyncio.run(go())
+    assert errors == []  # a 410 is no error, only a re-list
+
+
+def test_status_conditions_keep_their_transition_time_and_writes_are_due_on_change_or_every_n_ticks():
+    from autoscaler.fleet.status import StatusWriter, status_of
+    from policies import Decision
+
+    held = Decision(replicas=2, valid=False,
+                    reasons=("hold: nothing to size on", "in_flight: missing (reported before)"))
+    first = status_of(decision=held, error=None, generation=3, decided_s=100.0, previous=[], now=100.0)
+    conditions = {c["type"]: c for c in first["conditions"]}
+    assert conditions["Active"]["status"] == "False" and conditions["Active"]["reason"] == "Holding"
+    assert conditions["SignalsMissing"]["status"] == "True" and "in_flight" in conditions["SignalsMissing"]["message"]
+    capped = Decision(replicas=4, capped_by_budget=True, unplaceable_replicas=1, reasons=("budget: 4 GPUs",))
+    second = status_of(decision=capped, error=None, generation=3, decided_s=130.0, previous=first["conditions"],
+                       now=130.0)
+    times = {c["type"]: (c["status"], c["lastTransitionTime"]) for c in second["conditions"]}
+    assert times["Active"] == ("True", "1970-01-01T00:02:10Z")  # changed: now
+    assert times["CappedByBudget"][0] == "True" and times["CapacityUnavailable"][0] == "True"
+    again = status_of(decision=capped, error=None, generation=3, decided_s=160.0, previous=second["conditions"],
+                      now=160.0)
+    assert {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}["Active"] == "1970-01-01T00:02:10Z"
+
+    writer = StatusWriter(kube=None, every_ticks=3)
+    key = ("llm", "m")
+    assert writer.due(key, second)
+    writer._last[key] = type("W", (), {"status": second, "tick": 0})()
+    assert not writer.due(key, again)  # only the decision time moved
+    assert writer.due(key, first)  # changed
+    writer.next_tick(), writer.next_tick(), writer.next_tick()
+    assert writer.due(key, again)  # the heartbeat
+
+
+def test_a_spec_change_keeps_the_learned_state_unless_the_target_changed():
+    from kubernetes_asyncio import client
+
+    from autoscaler.crd import parse_spec, settings_for
+    from autoscaler.fleet.model import ModelBuilder
+    from autoscaler.fleet.runtime import base_config
+
+    async def go():
+        kube = Kube(client.ApiClient())
+        async with aiohttp.ClientSession() as session:
+            builder = ModelBuilder(kube, session, "test", SystemClock())
+            base = base_config(fleet_settings("llm"))
+
+            def settings(target, max_replicas):
+                spec = model(target, max_replicas=max_replicas)["spec"]
+                return settings_for(namespace="llm", spec=parse_spec(spec), base=base)
+
+            m = builder.build(("llm", "m"), settings("a", 8), generation=1, is_leader=lambda: True)
+            learned = m.controller.state.__class__(last_replicas=5)
+            m.controller.state = learned
+            await builder.update(m, settings("a", 4), generation=2)
+            assert m.controller.state is learned and m.controller.settings.policy.max_replicas == 4
+            await builder.update(m, settings("other", 4), generation=3)
+            assert m.controller.state.last_replicas is None and m.generation == 3
+            await m.stop()
+        await kube.close()
+
+    asyncio.run(go())

@@ -114,8 +114,9 @@ class ObjectWatch:
                 resource_version = stream.resource_version or resource_version
         return resource_version
 
-    async def _watch(self, namespace: str | None, stop: asyncio.Event) -> None:
-        resource_version, delay = None, FIRST_RETRY_S
+    async def _watch(self, namespace: str | None, stop: asyncio.Event, resource_version: str | None = None) -> None:
+        """List (unless resuming from `resource_version`), then watch, until `stop`."""
+        delay = FIRST_RETRY_S
         while not stop.is_set():
             try:
                 if resource_version is None:
