@@ -420,3 +420,36 @@ def test_a_spec_change_keeps_the_learned_state_unless_the_target_changed():
         await kube.close()
 
     asyncio.run(go())
+
+
+def test_run_fleet_serves_health_and_each_models_metrics_and_scales_on_its_own_ticks(cluster, crd, namespace):
+    from autoscaler.fleet.runtime import run_fleet
+
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 20})
+    http_port = free_port()
+    settings = Settings(**{**fleet_settings(ns).model_dump(exclude={"target"}), "http_port": http_port,
+                           "admission": {"port": free_port(), "queue_probe_interval_s": None}})
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_fleet(settings, kubeconfig=cluster.kubeconfig, host="127.0.0.1", stop=stop,
+                                             hub=hub))
+        try:
+            await until(lambda: replicas(cluster, ns, "a") == 3 and replicas(cluster, ns, "b") == 2, timeout_s=20)
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{http_port}"
+                await until(lambda: len(hub.refreshed) >= 1)
+                async with http.get(base + "/healthz") as r:
+                    assert r.status == 200
+                async with http.get(base + "/metrics") as r:
+                    text = await r.text()
+            assert "autoscaler_fleet_models 2.0" in text
+            assert f'autoscaler_decided_replicas{{model_autoscaler="a",namespace="{ns}"}} 3.0' in text
+            assert f'autoscaler_decided_replicas{{model_autoscaler="b",namespace="{ns}"}} 2.0' in text
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+
+    asyncio.run(go())
