@@ -90,9 +90,10 @@ def prometheus_binary() -> str:
 
 @contextlib.contextmanager
 def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int | None = None,
-               file_sd: Path | None = None):
+               file_sd: Path | None = None, honor_labels: bool = False):
     """Debian's Prometheus scraping `targets` (host:port), and those listed in the file_sd JSON `file_sd` (kept
-    current by whoever writes it), every `scrape_interval_s` (on `port`, or a free one)."""
+    current by whoever writes it), every `scrape_interval_s` (on `port`, or a free one). With `honor_labels`
+    the targets' own labels win (an exporter of many models labels each series with its namespace)."""
     port = port or free_port()
     interval = f"{round(scrape_interval_s * 1000)}ms"
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +105,7 @@ def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int 
             f"  scrape_timeout: {interval}\n"
             "scrape_configs:\n"
             "  - job_name: model\n"
+            f"    honor_labels: {'true' if honor_labels else 'false'}\n"
             "    static_configs:\n"
             f"      - targets: {json.dumps(targets)}\n"
             "        labels: {namespace: llm}\n"
