@@ -39,6 +39,7 @@ from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
+from autoscaler.kube.reads import ClusterReads
 from autoscaler.kube.scale import ScaleActuator
 from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool, WarmPool
 from autoscaler.loop import Controller, PriorityCounter
@@ -195,8 +196,9 @@ def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession
     return sources
 
 
-def build_warm_pool(settings: Settings, kube: Kube) -> WarmPool | None:
-    """The warm pool backend the config names (None when the warm pool is off)."""
+def build_warm_pool(settings: Settings, kube: Kube, *, reads: ClusterReads | None = None) -> WarmPool | None:
+    """The warm pool backend the config names (None when the warm pool is off); `reads`: where the placeholder
+    pool reads its Deployment (default: the API)."""
     pool, target = settings.warm_pool, settings.target
     if not pool.enabled:
         return None
@@ -205,18 +207,20 @@ def build_warm_pool(settings: Settings, kube: Kube) -> WarmPool | None:
         return CapacityBufferPool(kube, namespace=target.namespace, name=name, target_kind=target.kind,
                                   target=target.name, max_slots=settings.policy.max_warm_slots)
     return PlaceholderPool(kube, namespace=target.namespace, name=name, priority_class=pool.priority_class,
-                           pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots)
+                           pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots, reads=reads)
 
 
-def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | None) -> ClusterReader:
-    """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets)."""
+def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | None, *,
+                         reads: ClusterReads | None = None) -> ClusterReader:
+    """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets);
+    `reads`: where the items come from (default: the API, per tick; the fleet's watch cache)."""
     target, capacity = settings.target, settings.capacity
     budget = BudgetReader(kube, namespace=target.namespace, max_gpus=capacity.max_gpus,
                           namespace_max_gpus=capacity.namespace_max_gpus, kueue=capacity.kueue,
-                          kueue_version=capacity.kueue_api_version)
+                          kueue_version=capacity.kueue_api_version, reads=reads)
+    nodes = NodeReader(kube, prices=capacity.gpu_hour_price, reads=reads) if capacity.read_nodes else None
     return ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name, warm_pool=warm_pool,
-                         nodes=NodeReader(kube, prices=capacity.gpu_hour_price) if capacity.read_nodes else None,
-                         budget=budget, gpu_resource=capacity.gpu_resource)
+                         nodes=nodes, budget=budget, gpu_resource=capacity.gpu_resource, reads=reads)
 
 
 def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
