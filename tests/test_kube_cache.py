@@ -14,7 +14,7 @@ from autoscaler.config import Settings
 from autoscaler.errors import TransientError
 from autoscaler.kube import cache as cache_module
 from autoscaler.kube.cache import Informer, KubeCache
-from autoscaler.runtime import build_cluster_reader, build_warm_pool
+from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
 from loadtest.kube.controlplane import model_deployment
 from loadtest.kubecount import RequestCounter
 
@@ -51,7 +51,8 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
         await cache.start()
         try:
             assert await cache.wait_synced(30.0)
-            for _ in range(60):  # until the pods have settled and the watches have caught up
+            deadline = time.monotonic() + 90.0  # a loaded machine's kwok and scheduler take their time
+            while time.monotonic() < deadline:  # until the pods have settled and the watches have caught up
                 now = time.time()
                 listed = {key: await listing_state(kube, s, now) for key, s in models.items()}
                 cached = {key: await cache.cluster_source(key, s).read(now) for key, s in models.items()}
@@ -62,7 +63,7 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
                 for key in models:
                     cache.forget(key)  # a fresh reader each round, as the listing one: start-ups are reported once
                 await asyncio.sleep(0.5)
-            assert listed == cached
+            assert listed == cached, {k: (listed[k], cached[k]) for k in models if listed[k] != cached[k]}
             counter.reset()
             for _ in range(5):
                 for key, s in models.items():

@@ -8,9 +8,10 @@ Deployment, the nodes of node waits). Each kind is listed, then watched from the
 (Gone: the version is too old) re-lists; any other failure reconnects after a backoff (doubling, at most
 `BACKOFF_MAX_S`), serving what it held meanwhile, as client-go's informers do.
 
-`cluster_source(key, settings)` is the per-model `ClusterReader` (`runtime.build_cluster_reader`) reading
-these items from memory through `CacheReads` (the `reads.ClusterReads` seam): the same computation as the
-listing path, from the same kind of objects. Until every kind has synced, reads raise a TransientError
+`cluster_source(key, settings)` is the per-model `ClusterReader`, built as the single-target loop builds it
+(`readers.build_cluster_reader`), reading these items from memory through `CacheReads` (the
+`reads.ClusterReads` seam): the same computation as the listing path, from the same kind of objects.
+Until every kind has synced, reads raise a TransientError
 (kind `cache_not_synced`): the tick holds. Writes stay per model, as do the reads the cache does not hold:
 the Kueue LocalQueue and ClusterQueues (`capacity.kueue`) and a CapacityBuffer warm pool's status.
 Watching every namespace needs list and watch on these kinds in a ClusterRole.
@@ -31,7 +32,7 @@ from autoscaler.errors import PermanentError, TransientError
 from autoscaler.kube.client import Kube, translate
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.pods import FINISHED_PHASES
-from autoscaler.runtime import build_cluster_reader, build_warm_pool
+from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
 
 log = structlog.get_logger("autoscaler")
 
