@@ -144,3 +144,13 @@ def wait_for_series(url: str, promql: str, predicate=lambda v: True, timeout_s: 
         time.sleep(0.25)
     raise TimeoutError(f"{promql} did not satisfy the condition within {timeout_s} s")
 
+
+
+def instant_queries_answered(url: str) -> float:
+    """Instant queries a Prometheus has answered so far (its own prometheus_http_requests_total, at the HTTP
+    level)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0

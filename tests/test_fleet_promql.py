@@ -4,7 +4,6 @@ one HTTP query per signal per refresh, answers equal to each model's own queries
 import asyncio
 import math
 import time
-import urllib.request
 
 import aiohttp
 import pytest
@@ -17,6 +16,7 @@ from autoscaler.presets import PRESETS
 from autoscaler.signals.prometheus import PrometheusSource
 from loadtest.fleetexporter import fleet_exporter
 
+from loadtest.realservers import instant_queries_answered
 from servers import free_port, prometheus, query, wait_for_series
 
 MODELS = 4
@@ -35,15 +35,6 @@ def model(url: str, name: str, **prometheus_extra) -> Settings:
                     prometheus={"url": url, "selector": f'namespace="fleet",app="{name}"', **prometheus_extra})
 
 
-def query_count(url: str) -> float:
-    """Instant queries Prometheus has answered (its own counter, at the HTTP level)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def same(a, b) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-12)
 
@@ -56,12 +47,12 @@ def test_one_query_per_signal_and_the_answers_of_each_models_own_queries(prom):
     async def go():
         async with aiohttp.ClientSession() as session:
             hub = FleetPrometheus(session)
-            before = query_count(prom)
+            before = instant_queries_answered(prom)
             with capture_logs() as logs:
                 await hub.refresh(now, models)
-            queries = query_count(prom) - before
+            queries = instant_queries_answered(prom) - before
             fleet = {key: await hub.source(key).collect(now) for key in models}
-            assert query_count(prom) - before == queries  # collect serves the refreshed answers
+            assert instant_queries_answered(prom) - before == queries  # collect serves the refreshed answers
             own = {key: await PrometheusSource(session, prom, s.queries, timeout_s=3.0).collect(now)
                    for key, s in models.items()}
             return hub, queries, fleet, own, logs
@@ -93,9 +84,9 @@ def test_own_queries_and_other_selectors_are_queried_per_model(prom):
     async def go():
         async with aiohttp.ClientSession() as session:
             hub = FleetPrometheus(session)
-            before = query_count(prom)
+            before = instant_queries_answered(prom)
             await hub.refresh(now, models)
-            refreshed = query_count(prom) - before
+            refreshed = instant_queries_answered(prom) - before
             return refreshed, {key: await hub.source(key).collect(now) for key in models}
 
     refreshed, fleet = asyncio.run(go())
