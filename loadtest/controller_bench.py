@@ -36,17 +36,13 @@ from autoscaler.external_scaler.server import start
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import PrometheusSource, QueryResult
+from loadtest.fleetscale import FleetFigures, pct, rss_mb, table
 from loadtest.realservers import fake_model_server, free_port, post_json, prometheus, wait_for_series
 from policies import ClusterState, Sample
 
 
 def quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class StaticCluster:
@@ -142,14 +138,6 @@ async def keda_latency(rps: int, seconds: float) -> tuple[list[float], int]:
 TICK_S = 15.0
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 class SyntheticSource:
     """Diurnal-ish demand, so the forecaster has something to fit."""
 
@@ -229,8 +217,6 @@ def fleet_main(counts: list[int], *, ticks: int, as_json: bool) -> int:
     import json
     import subprocess
     import sys
-
-    from loadtest.fleetscale import FleetFigures, table
 
     rows = []
     for n in counts:

@@ -16,9 +16,9 @@ import contextlib
 import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from loadtest.realservers import free_port, stop, wait_http
+from loadtest.realservers import exposition_handler, free_port, stop, wait_http
 
 BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -62,21 +62,9 @@ def exposition(models: int, *, elapsed_s: float, namespace: str, label: str, pre
 
 def serve(models: int, *, port: int, namespace: str, label: str, prefix: str) -> None:
     started = time.monotonic()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = exposition(models, elapsed_s=time.monotonic() - started, namespace=namespace, label=label,
-                              prefix=prefix).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    handler = exposition_handler(lambda: exposition(models, elapsed_s=time.monotonic() - started,
+                                                    namespace=namespace, label=label, prefix=prefix))
+    ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 
 
 @contextlib.contextmanager

@@ -154,3 +154,22 @@ def instant_queries_answered(url: str) -> float:
             if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def exposition_handler(render):
+    """An HTTP handler answering every GET with the text exposition `render()` returns (a fake exporter)."""
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
