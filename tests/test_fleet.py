@@ -105,15 +105,23 @@ async def until(predicate, timeout_s=10.0):
 class Running:
     """A fleet controller in this process, its watch running, ticked by the test."""
 
-    def __init__(self, cluster, settings, hub):
-        self.cluster, self.settings, self.hub = cluster, settings, hub
+    def __init__(self, cluster, settings, hub, *, kubeconfig=None, cached=False):
+        self.cluster, self.settings, self.hub, self.cached = cluster, settings, hub, cached
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.cache = None
 
     async def __aenter__(self):
-        self.kube = await Kube.connect(self.cluster.kubeconfig)
+        from autoscaler.kube.cache import KubeCache
+
+        self.kube = await Kube.connect(self.kubeconfig)
         self.session = aiohttp.ClientSession()
         parts, self.stop = Parts(), asyncio.Event()
+        if self.cached:  # the cluster read from watches (the fleet's ClusterCache)
+            self.cache = KubeCache(self.kube)
+            await self.cache.start()
+            assert await self.cache.wait_synced(20)
         self.fleet = build_fleet(self.settings, self.kube, self.session, identity="test", clock=SystemClock(),
-                                 parts=parts, hub=self.hub)
+                                 parts=parts, hub=self.hub, cache=self.cache)
         self.watch = self.fleet.objects
         self.task = asyncio.create_task(self.watch.run(self.stop))
         await asyncio.wait_for(self.watch.synced.wait(), 10)
@@ -123,6 +131,8 @@ class Running:
         self.stop.set()
         await self.task
         await asyncio.gather(*(m.stop() for m in self.fleet.models.values()))
+        if self.cache is not None:
+            await self.cache.stop()
         await self.session.close()
         await self.kube.close()
 
@@ -290,6 +300,11 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases/fleet-autoscaler", True),
     ("PUT", "/apis/coordination.k8s.io/v1/namespaces/any/leases/other", False),
     ("PATCH", "/api/v1/nodes/gpu-0", False),
+    ("GET", "/api/v1/pods?watch=true&timeoutSeconds=1", True),  # the cluster cache's watches
+    ("GET", "/apis/apps/v1/deployments?watch=true&timeoutSeconds=1", True),
+    ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
+    ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", True),  # shard and member Leases
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])
 def test_fleet_rbac_by_impersonation(cluster, fleet_installed, method, path, allowed):
     from test_deploy import impersonated
@@ -316,8 +331,8 @@ def test_fleet_overlay_runs_in_fleet_mode_and_its_service_account_controls_a_mod
     settings = Settings(**{**shipped.model_dump(exclude={"target"}), "mode": "actuate",
                            "fleet": {"enabled": True, "namespaces": []}, "leader_election": {"enabled": False},
                            "policy": {"tick_s": 5, "forecast_bucket_s": 60}})
-    run = Running(cluster, settings, hub)
-    run.cluster = type("SA", (), {"kubeconfig": service_account_kubeconfig(cluster, FLEET_NS, "sa-fleet")})()
+    run = Running(cluster, settings, hub, kubeconfig=service_account_kubeconfig(cluster, FLEET_NS, "sa-fleet"),
+                  cached=True)
 
     async def go():
         async with run:
