@@ -105,8 +105,8 @@ async def until(predicate, timeout_s=10.0):
 class Running:
     """A fleet controller in this process, its watch running, ticked by the test."""
 
-    def __init__(self, cluster, settings, hub, *, kubeconfig=None, cached=False):
-        self.cluster, self.settings, self.hub, self.cached = cluster, settings, hub, cached
+    def __init__(self, cluster, settings, hub, *, kubeconfig=None, cached=False, gate=None):
+        self.cluster, self.settings, self.hub, self.cached, self.gate = cluster, settings, hub, cached, gate
         self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.cache = None
 
@@ -121,7 +121,7 @@ class Running:
             await self.cache.start()
             assert await self.cache.wait_synced(20)
         self.fleet = build_fleet(self.settings, self.kube, self.session, identity="test", clock=SystemClock(),
-                                 parts=parts, hub=self.hub, cache=self.cache)
+                                 parts=parts, hub=self.hub, cache=self.cache, gate=self.gate)
         self.watch = self.fleet.objects
         self.task = asyncio.create_task(self.watch.run(self.stop))
         await asyncio.wait_for(self.watch.synced.wait(), 10)
@@ -466,5 +466,33 @@ def test_run_fleet_serves_health_and_each_models_metrics_and_scales_on_its_own_t
         finally:
             stop.set()
             await asyncio.wait_for(task, 20)
+
+    asyncio.run(go())
+
+
+def test_with_a_shard_gate_only_the_owned_models_are_scaled_and_their_status_written(cluster, crd, namespace):
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 40})
+
+    class Gate:
+        owned = {(ns, "a")}
+
+        def owns(self, key):
+            return key in self.owned
+
+        async def run(self, stop):
+            await stop.wait()
+
+    async def go():
+        async with Running(cluster, fleet_settings(ns), hub, gate=Gate()) as run:
+            await run.fleet.tick()
+            assert run.fleet.models[(ns, "b")].decision.replicas == 3  # decided (KEDA, admission), not applied
+            Gate.owned = {(ns, "a"), (ns, "b")}  # b's shard taken over: from the next tick on
+            assert [replicas(cluster, ns, n) for n in "ab"] == [3, 1]
+            assert "status" not in cluster.request("GET", objects_path(ns, "b"))[1]
+            await run.fleet.tick()
+            assert [replicas(cluster, ns, n) for n in "ab"] == [3, 3]
+            assert cluster.request("GET", objects_path(ns, "b"))[1]["status"]["replicas"] == 3
 
     asyncio.run(go())
