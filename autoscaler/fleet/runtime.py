@@ -31,7 +31,7 @@ from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
-from autoscaler.runtime import Parts, _on_signals, _serve, health_app, stop_servers
+from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
 
 DEFAULT_LEASE = "inference-autoscaler-fleet"
 
@@ -143,13 +143,7 @@ async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: 
         await start_fleet_servers(settings, fleet, host=host, clock=clock, parts=parts)
         log.info("started", fleet=True, namespaces=settings.fleet.namespaces or "all", mode=settings.mode.value,
                  identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         if cache is not None:
