@@ -496,3 +496,16 @@ def test_with_a_shard_gate_only_the_owned_models_are_scaled_and_their_status_wri
             assert cluster.request("GET", objects_path(ns, "b"))[1]["status"]["replicas"] == 3
 
     asyncio.run(go())
+
+
+def test_a_models_settings_come_from_the_process_config_without_its_queue_probe():
+    from autoscaler.crd import parse_spec, settings_for
+    from autoscaler.fleet.runtime import base_config
+
+    process = Settings(fleet={"enabled": True}, mode="keda", prometheus={"url": "http://prom:9090"},
+                       admission={"retry_after_s": 9}, keda={"port": 9999})
+    assert process.admission.queue_probe_interval_s == 1.0
+    one = settings_for(namespace="llm", spec=parse_spec(model("a")["spec"]), base=base_config(process))
+    assert one.target.name == "a" and one.mode.value == "keda" and one.keda.port == 9999
+    assert one.admission.retry_after_s == 9 and one.admission.queue_probe_interval_s is None
+    assert one.prometheus.url == "http://prom:9090" and not one.fleet.enabled

@@ -37,8 +37,12 @@ DEFAULT_LEASE = "inference-autoscaler-fleet"
 
 
 def base_config(settings: Settings) -> dict[str, Any]:
-    """The process's config as the base of each model's settings (its own target and fleet section aside)."""
-    return settings.model_dump(mode="json", exclude={"target", "fleet"})
+    """The process's config as the base of each model's settings (its own target and fleet section aside).
+    The admission queue probe is off: it lists a model's pods every second, which at hundreds of models would
+    be hundreds of apiserver requests a second; the saturation guard reads the tick's queue depth instead."""
+    base = settings.model_dump(mode="json", exclude={"target", "fleet"})
+    base["admission"]["queue_probe_interval_s"] = None
+    return base
 
 
 def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str, clock: Clock,
