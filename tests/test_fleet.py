@@ -509,3 +509,41 @@ def test_a_models_settings_come_from_the_process_config_without_its_queue_probe(
     assert one.target.name == "a" and one.mode.value == "keda" and one.keda.port == 9999
     assert one.admission.retry_after_s == 9 and one.admission.queue_probe_interval_s is None
     assert one.prometheus.url == "http://prom:9090" and not one.fleet.enabled
+
+
+def test_run_fleet_in_keda_mode_serves_every_model_from_one_grpc_port(cluster, crd, namespace):
+    from autoscaler.fleet.runtime import run_fleet
+
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 20})
+    grpc_port = free_port()
+    settings = Settings(**{**fleet_settings(ns, mode="keda").model_dump(exclude={"target"}), "http_port": free_port(),
+                           "keda": {"port": grpc_port}, "admission": {"enabled": False}})
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_fleet(settings, kubeconfig=cluster.kubeconfig, host="127.0.0.1", stop=stop,
+                                             hub=hub))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = pb_grpc.ExternalScalerStub(channel)
+                answers = {}
+                deadline = time.monotonic() + 20
+                while len(answers) < 2:
+                    assert time.monotonic() < deadline, answers
+                    for name in ("a", "b"):
+                        ref = pb.ScaledObjectRef(name=f"so-{name}", namespace=ns,
+                                                 scalerMetadata={"modelAutoscaler": name})
+                        try:
+                            reply = await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref))
+                            answers[name] = reply.metricValues[0].metricValueFloat
+                        except grpc.aio.AioRpcError as err:  # not served yet, or no decision yet
+                            assert err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+                    await asyncio.sleep(0.2)
+            assert answers == {"a": 3.0, "b": 2.0}
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+
+    asyncio.run(go())
