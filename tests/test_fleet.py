@@ -148,6 +148,8 @@ def test_fleet_scales_each_model_follows_spec_changes_deletions_and_reports_inva
             await fleet.tick()
             assert [replicas(cluster, ns, n) for n in "abc"] == [3, 2, 1]
             assert hub.refreshed == [{(ns, "a"), (ns, "b"), (ns, "c")}]  # one refresh for the fleet
+            # a request held for any model (scale from zero) wakes the one fleet loop
+            assert all(m.board.wake is fleet.wake for m in fleet.models.values())
             status = cluster.request("GET", objects_path(ns, "a"))[1]["status"]
             assert status["replicas"] == 3 and status["observedGeneration"] == 1 and status["reasons"]
             conditions = {c["type"]: c for c in status["conditions"]}
