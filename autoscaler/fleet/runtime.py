@@ -6,7 +6,8 @@ with it) on `http_port`; one admission endpoint for every model on `admission.po
 model per request, `fleet/routing.py`); one KEDA gRPC scaler for every model on `keda.port` in `keda` mode.
 Writes are gated per model by the process's Lease (leader election, as the single mode; the Lease is
 `leader_election.lease_name`, default `inference-autoscaler-fleet`, in `fleet.lease_namespace`), or by a
-shard gate when one is given. The process's own config is the base of every model's settings (mode,
+shard gate: the one given, or with `fleet.shards` > 0 the shard Leases (`fleet/shards.py`, docs/sharding.md,
+timed by `leader_election`). The process's own config is the base of every model's settings (mode,
 admission, KEDA, warm pool, the Prometheus URL...): each object adds its target, preset, signals, policy
 and budget (`crd.settings_for`).
 """
@@ -27,6 +28,7 @@ from autoscaler.fleet.controller import ClusterCache, FleetController, ShardGate
 from autoscaler.fleet.metrics import FleetMetrics
 from autoscaler.fleet.model import ModelBuilder, Readers
 from autoscaler.fleet.routing import FleetAdmission, FleetDecided, FleetScaler
+from autoscaler.fleet.shards import ShardLeases
 from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
@@ -50,6 +52,8 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
                 gate: ShardGate | None = None, metrics: FleetMetrics | None = None) -> FleetController:
     """The fleet controller and its background tasks (the watch, the Lease or the shard gate) in `parts`."""
     metrics = metrics or FleetMetrics()
+    if gate is None and settings.fleet.shards > 0:
+        gate = shard_gate(settings, kube, identity=identity, clock=clock, metrics=metrics)
     watch = ObjectWatch(kube, namespaces=tuple(settings.fleet.namespaces), base=base_config(settings), clock=clock,
                         on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
     readers = Readers(source=hub.source if hub is not None else None,
@@ -78,22 +82,25 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
     return fleet
 
 
-def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
-              clock: Clock, metrics: FleetMetrics) -> tuple[SignalHub | None, ClusterCache, ShardGate | None]:
+def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> tuple[SignalHub | None,
+                                                                                     ClusterCache]:
     """The fleet's shared readers from the config: one PromQL query per signal for the fleet when Prometheus
-    is configured, the cluster from watches, and shard Leases when `fleet.shards` > 0."""
+    is configured, and the cluster from watches (the shard gate is `build_fleet`'s, from `fleet.shards`)."""
     from autoscaler.fleet.promql import FleetPrometheus
-    from autoscaler.fleet.shards import ShardLeases
     from autoscaler.kube.cache import KubeCache
 
     hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
-    gate = None
-    if settings.fleet.shards > 0:
-        le = settings.leader_election
-        gate = ShardLeases(kube, namespace=lease_namespace(settings), identity=identity, shards=settings.fleet.shards,
-                           lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
-                           retry_period_s=le.retry_period_s, clock=clock, registry=metrics.registry)
-    return hub, KubeCache(kube), gate
+    return hub, KubeCache(kube)
+
+
+def shard_gate(settings: Settings, kube: Kube, *, identity: str, clock: Clock, metrics: FleetMetrics) -> ShardGate:
+    """`fleet.shards` shard Leases (docs/sharding.md), timed by the leader election's settings and named after
+    its Lease."""
+    le = settings.leader_election
+    return ShardLeases(kube, namespace=lease_namespace(settings), identity=identity, shards=settings.fleet.shards,
+                       lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                       retry_period_s=le.retry_period_s, clock=clock, group=le.lease_name or DEFAULT_LEASE,
+                       registry=metrics.registry)
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -137,9 +144,8 @@ async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: 
     metrics = FleetMetrics()
     try:
         if shared:
-            default_hub, default_cache, default_gate = shared_io(settings, kube, session, identity=identity,
-                                                                 clock=clock, metrics=metrics)
-            hub, cache, gate = hub or default_hub, cache or default_cache, gate or default_gate
+            default_hub, default_cache = shared_io(settings, kube, session)
+            hub, cache = hub or default_hub, cache or default_cache
         if cache is not None:
             await cache.start()
         fleet = build_fleet(settings, kube, session, identity=identity, clock=clock, parts=parts, hub=hub,
