@@ -2,6 +2,7 @@
 each model equals the listing reader's, and after the initial sync ticks make no list or get request."""
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -24,7 +25,13 @@ MODELS = {"small": 1, "medium": 2, "big": 30}  # the big one cannot all be place
 
 
 def settings(ns: str, name: str) -> Settings:
-    return Settings(target={"namespace": ns, "name": name}, prometheus={"url": "http://127.0.0.1:9"})
+    return Settings(target={"namespace": ns, "name": name}, prometheus={"url": "http://127.0.0.1:9"},
+                    capacity={"read_nodes": True})  # the idle slots and GPUs held: over every node and pod
+
+
+def differences(a, b) -> dict:
+    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+            if getattr(a, f.name) != getattr(b, f.name)}
 
 
 def listing_state(kube, s: Settings, now: float):
@@ -63,7 +70,8 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
                 for key in models:
                     cache.forget(key)  # a fresh reader each round, as the listing one: start-ups are reported once
                 await asyncio.sleep(0.5)
-            assert listed == cached, {k: (listed[k], cached[k]) for k in models if listed[k] != cached[k]}
+            assert listed == cached, {k: differences(listed[k], cached[k]) for k in models if listed[k] != cached[k]}
+            assert await cache.reads.live_pods(None) is await cache.reads.live_pods(None)  # one list per change
             counter.reset()
             for _ in range(5):
                 for key, s in models.items():
@@ -76,6 +84,7 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
     big = cached[(ns, "big")]
     assert big.unschedulable_pods > 0 and big.oldest_unschedulable_s > 0 and big.idle_slots == 0
     assert len(cached[(ns, "medium")].startup_durations_s) == 2  # learned from the cached pods too
+    assert [cached[(ns, m)].gpus_held for m in MODELS] == [1.0, 2.0, big.ready_replicas]
     assert reads == 0, requests  # 5 ticks of 3 models: no list, no get
     assert all(i.relists == 0 for i in cache.informers.values())
 

@@ -61,20 +61,24 @@ class Informer:
     synced: bool = False
     resource_version: str | None = None
     relists: int = 0
+    changes: int = 0  # counts every change of `items`, so what is derived from them can be kept until the next
 
     def _put(self, obj: Any) -> None:
         key = object_key(obj)
+        self.changes += 1
         self.items[key] = obj
         self.by_namespace.setdefault(key[0], {})[key] = obj
 
     def _drop(self, obj: Any) -> None:
         key = object_key(obj)
+        self.changes += 1
         self.items.pop(key, None)
         self.by_namespace.get(key[0], {}).pop(key, None)
 
     async def _list(self) -> None:
         listed = await self.kube.call(f"list {self.what}", self.list_fn, **self.kwargs)
         self.items, self.by_namespace = {}, {}
+        self.changes += 1
         for obj in listed.items:
             self._put(obj)
         self.resource_version = listed.metadata.resource_version
@@ -129,6 +133,7 @@ class CacheReads:
 
     def __init__(self, informers: dict[str, Informer]) -> None:
         self.informers = informers
+        self._live: tuple[int, list] | None = None  # (the pods' changes, every live pod)
 
     def _synced(self, kind: str) -> Informer:
         informer = self.informers[kind]
@@ -143,17 +148,25 @@ class CacheReads:
         return found
 
     async def pods(self, namespace: str, match_labels: dict[str, str]) -> list:
+        """In the apiserver's order (by name), as a list would give them: start-ups are reported in it."""
         in_namespace = self._synced("pods").by_namespace.get(namespace, {}).values()
         wanted = match_labels.items()
-        return [p for p in in_namespace if wanted <= (p.metadata.labels or {}).items()]
+        found = [p for p in in_namespace if wanted <= (p.metadata.labels or {}).items()]
+        return sorted(found, key=lambda p: p.metadata.name)
 
     async def live_pods(self, namespace: str | None) -> list:
+        """Of every namespace: the same list while the pods have not changed (so the nodes' usage, derived
+        from it, is computed once for the fleet: `capacity.node_usage`)."""
         pods = self._synced("pods")
-        found = pods.items if namespace is None else pods.by_namespace.get(namespace, {})
-        return [p for p in found.values() if _live(p)]
+        if namespace is not None:
+            return [p for p in pods.by_namespace.get(namespace, {}).values() if _live(p)]
+        if self._live is None or self._live[0] != pods.changes:
+            self._live = (pods.changes, [p for p in pods.items.values() if _live(p)])
+        return self._live[1]
 
     async def pod_events(self, namespace: str) -> list:
-        return list(self._synced("events").by_namespace.get(namespace, {}).values())
+        """By name, as a list gives them (the last of several provisioners' messages is the one reported)."""
+        return sorted(self._synced("events").by_namespace.get(namespace, {}).values(), key=lambda e: e.metadata.name)
 
     async def nodes(self) -> list:
         return list(self._synced("nodes").items.values())
