@@ -76,7 +76,14 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
             for _ in range(5):
                 for key, s in models.items():
                     await cache.cluster_source(key, s).read(time.time())
-            return cached, counter.reads(), dict(counter.requests), cache
+            reads = counter.reads(), dict(counter.requests)
+            # a spec change: a new reader, which does not hand the policy the same start-ups again
+            old = cache.cluster_source((ns, "medium"), models[(ns, "medium")])
+            changed = models[(ns, "medium")].model_copy(update={"tick_deadline_s": 5.0})
+            new = cache.cluster_source((ns, "medium"), changed)
+            again = await new.read(time.time())
+            assert new is not old and again.ready_replicas == 2 and again.startup_durations_s == ()
+            return cached, *reads, cache
         finally:
             await cache.stop()
 

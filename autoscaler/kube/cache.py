@@ -223,12 +223,15 @@ class KubeCache:
         self._tasks = []
 
     def cluster_source(self, key: Key, settings: Settings) -> ClusterReader:
-        """The model's cluster reader on the cache; the same one (with what it learned) while its settings
-        stay the same."""
+        """The model's cluster reader on the cache: the same one while its settings stay the same; a new one
+        when they change, which keeps what the old one reported and learned if the target is the same."""
         known = self._sources.get(key)
         if known is None or known[0] != settings:
             warm_pool = build_warm_pool(settings, self.kube, reads=self.reads)
-            known = (settings, build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads))
+            reader = build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads)
+            if known is not None and known[0].target == settings.target:
+                reader.carry_over(known[1])
+            known = (settings, reader)
             self._sources[key] = known
         return known[1]
 
