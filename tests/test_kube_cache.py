@@ -119,8 +119,8 @@ class SeamKube:
         return await fn(*args, **kwargs)
 
 
-def deployment(name: str, version: str) -> dict:
-    return {"metadata": {"name": name, "namespace": "n", "resourceVersion": version}}
+def deployment(name: str, version: str, **labels) -> dict:
+    return {"metadata": {"name": name, "namespace": "n", "resourceVersion": version, "labels": labels}}
 
 
 def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
@@ -131,7 +131,8 @@ def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
     calls = []
     answers = [aiohttp.ClientConnectionError("reset"),
                FakeWatchResponse({"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "old"}}),
-               FakeWatchResponse({"type": "ADDED", "object": deployment("b", "7")},
+               FakeWatchResponse({"type": "ADDED", "object": deployment("b", "6", app="x")},
+                                 {"type": "MODIFIED", "object": deployment("b", "7", app="y")},
                                  {"type": "DELETED", "object": deployment("a", "8")})]
 
     async def list_deployments(**kwargs):
@@ -161,3 +162,4 @@ def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
     informer = asyncio.run(go())
     assert calls == [("list", None), ("watch", "1"), ("watch", "1"), ("list", None), ("watch", "4"), ("watch", "8")]
     assert informer.relists == 1 and list(informer.items) == [("n", "b")] and informer.resource_version == "8"
+    assert informer.by_label == {("n", "app", "x"): {}, ("n", "app", "y"): {("n", "b"): informer.items[("n", "b")]}}

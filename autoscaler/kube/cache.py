@@ -58,26 +58,34 @@ class Informer:
     watch_timeout_s: int = WATCH_TIMEOUT_S
     items: dict[Key, Any] = field(default_factory=dict)
     by_namespace: dict[str, dict[Key, Any]] = field(default_factory=dict)
+    by_label: dict[tuple[str, str, str], dict[Key, Any]] = field(default_factory=dict)  # (namespace, key, value)
     synced: bool = False
     resource_version: str | None = None
     relists: int = 0
     changes: int = 0  # counts every change of `items`, so what is derived from them can be kept until the next
 
+    def _labels(self, key: Key, obj: Any) -> list[tuple[str, str, str]]:
+        return [(key[0], k, v) for k, v in (obj.metadata.labels or {}).items()]
+
     def _put(self, obj: Any) -> None:
         key = object_key(obj)
-        self.changes += 1
+        self._drop(obj)  # its labels may have changed
         self.items[key] = obj
         self.by_namespace.setdefault(key[0], {})[key] = obj
+        for label in self._labels(key, obj):
+            self.by_label.setdefault(label, {})[key] = obj
 
     def _drop(self, obj: Any) -> None:
         key = object_key(obj)
         self.changes += 1
-        self.items.pop(key, None)
+        old = self.items.pop(key, None)
         self.by_namespace.get(key[0], {}).pop(key, None)
+        for label in self._labels(key, old) if old is not None else []:
+            self.by_label.get(label, {}).pop(key, None)
 
     async def _list(self) -> None:
         listed = await self.kube.call(f"list {self.what}", self.list_fn, **self.kwargs)
-        self.items, self.by_namespace = {}, {}
+        self.items, self.by_namespace, self.by_label = {}, {}, {}
         self.changes += 1
         for obj in listed.items:
             self._put(obj)
@@ -149,9 +157,12 @@ class CacheReads:
 
     async def pods(self, namespace: str, match_labels: dict[str, str]) -> list:
         """In the apiserver's order (by name), as a list would give them: start-ups are reported in it."""
-        in_namespace = self._synced("pods").by_namespace.get(namespace, {}).values()
+        pods = self._synced("pods")
         wanted = match_labels.items()
-        found = [p for p in in_namespace if wanted <= (p.metadata.labels or {}).items()]
+        first = next(iter(wanted), None)  # the pods carrying one of the labels, not the whole namespace
+        candidates = (pods.by_label.get((namespace, *first), {}) if first is not None
+                      else pods.by_namespace.get(namespace, {})).values()
+        found = [p for p in candidates if wanted <= (p.metadata.labels or {}).items()]
         return sorted(found, key=lambda p: p.metadata.name)
 
     async def live_pods(self, namespace: str | None) -> list:
