@@ -1,7 +1,7 @@
 """Figures of the live controller's runtime (a benchmark that prints, not a timed test).
 
     python -m loadtest.controller_bench [--ticks 300] [--rps 200] [--seconds 10] [--memory-ticks 240,5760]
-    python -m loadtest.controller_bench --targets 1,50,500 [--fleet-ticks 10] [--json]
+    python -m loadtest.controller_bench --targets 1,50,500 [--fleet-ticks 10] [--pods] [--json]
 
 1. Per-tick overhead of the loop against a local Prometheus (Debian's, scraping the fake vLLM server):
    p50 / p99 of a full tick (7 concurrent PromQL queries, decide, publish, metrics, log), back to back.
@@ -193,11 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", default=None,
                    help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500)")
     p.add_argument("--fleet-ticks", type=int, default=10, help="measured fleet ticks per N (default: %(default)s)")
+    p.add_argument("--pods", action="store_true",
+                   help="fleet mode: the Deployments get their pods (scheduler, kwok nodes), which the cache holds")
     p.add_argument("--json", action="store_true", help="fleet mode: one JSON object per N instead of the table")
     args = p.parse_args(argv)
     quiet_logs()
     if args.targets is not None:
-        return fleet_main([int(n) for n in args.targets.split(",")], ticks=args.fleet_ticks, as_json=args.json)
+        return fleet_main([int(n) for n in args.targets.split(",")], ticks=args.fleet_ticks, as_json=args.json,
+                          pods=args.pods)
     start_rss = rss_mb()
     durations = asyncio.run(loop_overhead(args.ticks))
     print(f"loop tick against local Prometheus ({args.ticks} ticks): p50 {pct(durations, 0.5) * 1e3:.1f} ms, "
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def fleet_main(counts: list[int], *, ticks: int, as_json: bool) -> int:
+def fleet_main(counts: list[int], *, ticks: int, as_json: bool, pods: bool = False) -> int:
     """Each N in a child process (`python -m loadtest.fleetscale`), so its memory is measured alone."""
     import json
     import subprocess
@@ -220,13 +223,15 @@ def fleet_main(counts: list[int], *, ticks: int, as_json: bool) -> int:
 
     rows = []
     for n in counts:
-        out = subprocess.run([sys.executable, "-m", "loadtest.fleetscale", str(n), str(ticks)], check=True,
+        out = subprocess.run([sys.executable, "-m", "loadtest.fleetscale", str(n), str(ticks)]
+                             + (["pods"] if pods else []), check=True,
                              stdout=subprocess.PIPE, text=True).stdout
         rows.append(FleetFigures(**json.loads(out.strip().splitlines()[-1])))
         if as_json:
             print(out.strip().splitlines()[-1], flush=True)
     if not as_json:
-        print(f"fleet controller, {ticks} ticks per N after warm-up ({rows[0].controller}):")
+        print(f"fleet controller, {ticks} ticks per N after warm-up ({rows[0].controller}; "
+              f"{'with' if pods else 'without'} pods):")
         print(table(rows))
     return 0
 

@@ -1,11 +1,15 @@
 """The fleet controller's cost at N models (`python -m loadtest.controller_bench --targets N [--json]`).
 
-The environment: a real kube-apiserver (etcd, no scheduler or kwok: the Deployments have no pods) with N
-Deployments `model-i` and N ModelAutoscalers in namespace `fleet`; Debian's Prometheus scraping one exporter
-of N models' vLLM series (`fleetexporter.py`, its own process). The controller: `fleet.runtime.build_fleet`
-(the FleetController with its object watch) in shadow mode, its signals from `FleetPrometheus` and its
-cluster reads from `KubeCache`, in this process. Warm-up ticks (the cache's sync, the models' start, the
-first refreshes) are not measured; then `ticks` fleet ticks run back to back, each measured:
+The environment: a real kube-apiserver with N Deployments `model-i` of one 1-GPU replica and N
+ModelAutoscalers in namespace `fleet` (with `pods`, also the scheduler, controller-manager and kwok with
+8-GPU nodes enough for every replica, so the cache holds N pods and N/8 nodes, and idle slots are counted
+(`capacity.read_nodes`): each model's count goes over every node and live pod; without, etcd and the
+apiserver only: the Deployments have no pods); Debian's Prometheus scraping one exporter of N models' vLLM
+series (`fleetexporter.py`, its own process). The controller: `fleet.runtime.build_fleet` (the
+FleetController with its object watch) in shadow mode, its signals from `FleetPrometheus` and its cluster
+reads from `KubeCache`, in this process. Warm-up ticks (the cache's sync, the models' start, the first
+refreshes) are not measured; then `ticks` fleet ticks run back to back (so no forecast refit falls into
+them: a refit comes once per forecast bucket, not per tick), each measured:
 - tick_p50_ms, tick_p99_ms: wall time of `FleetController.tick()`;
 - cpu_s_per_tick: this process's CPU time (every thread: the decisions run in worker threads) per tick;
 - promql_queries_per_tick: instant queries Prometheus answered (its own prometheus_http_requests_total);
@@ -36,7 +40,7 @@ from autoscaler.kube.client import Kube
 from autoscaler.presets import PRESETS
 from autoscaler.runtime import Parts
 from loadtest.fleetexporter import fleet_exporter, model_name
-from loadtest.kube.controlplane import control_plane, model_deployment
+from loadtest.kube.controlplane import control_plane, gpu_node, model_deployment
 from loadtest.kubecount import RequestCounter
 from loadtest.realservers import instant_queries_answered, prometheus, wait_for_series
 
@@ -58,6 +62,7 @@ class FleetFigures:
     rss_mb: float
     signals: int
     models_decided_on_every_signal: int
+    pods: bool
     controller: str = "FleetController (shadow mode) with FleetPrometheus and KubeCache"
 
 
@@ -82,10 +87,10 @@ def create_models(cp, targets: int) -> None:
         assert status == 201, body
 
 
-def process_settings(prom: str) -> Settings:
+def process_settings(prom: str, *, read_nodes: bool) -> Settings:
     return Settings(fleet={"enabled": True, "namespaces": [NAMESPACE]}, mode="shadow", prometheus={"url": prom},
                     warm_pool={"enabled": False}, leader_election={"enabled": False},
-                    admission={"queue_probe_interval_s": None})
+                    admission={"queue_probe_interval_s": None}, capacity={"read_nodes": read_nodes})
 
 
 def rss_mb() -> float:
@@ -101,7 +106,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(cp, prom: str, *, targets: int, ticks: int, warmup_ticks: int) -> FleetFigures:
+async def measure(cp, prom: str, *, targets: int, ticks: int, warmup_ticks: int, pods: bool) -> FleetFigures:
     kube = await Kube.connect(cp.kubeconfig)
     counter = RequestCounter(kube)
     session = aiohttp.ClientSession()
@@ -109,8 +114,8 @@ async def measure(cp, prom: str, *, targets: int, ticks: int, warmup_ticks: int)
     hub = FleetPrometheus(session)
     try:
         await cache.start()
-        fleet = build_fleet(process_settings(prom), kube, session, identity="bench", clock=SystemClock(),
-                            parts=parts, hub=hub, cache=cache)
+        fleet = build_fleet(process_settings(prom, read_nodes=pods), kube, session, identity="bench",
+                            clock=SystemClock(), parts=parts, hub=hub, cache=cache)
         watch = asyncio.create_task(fleet.objects.run(stop))
         await asyncio.wait_for(fleet.objects.synced.wait(), 60)
         if not await cache.wait_synced(60.0):
@@ -134,7 +139,7 @@ async def measure(cp, prom: str, *, targets: int, ticks: int, warmup_ticks: int)
             promql_queries_per_tick=round(queries / ticks, 2),
             apiserver_requests_per_tick=round(counter.reads() / ticks, 2),
             apiserver_writes_per_tick=round(counter.writes() / ticks, 2), rss_mb=round(rss_mb(), 1),
-            signals=len(PRESETS["vllm"]),
+            signals=len(PRESETS["vllm"]), pods=pods,
             models_decided_on_every_signal=sum(1 for key, m in fleet.models.items()
                                                if m.decision is not None and not hub.missing(key)
                                                and len(m.controller.state.seen) >= len(PRESETS["vllm"])))
@@ -148,15 +153,34 @@ async def measure(cp, prom: str, *, targets: int, ticks: int, warmup_ticks: int)
         await kube.close()
 
 
-def run(targets: int, *, ticks: int = 10, warmup_ticks: int = 3) -> FleetFigures:
+def wait_ready(cp, targets: int, timeout_s: float) -> None:
+    """Until every Deployment of the fleet has its replica Ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, listed = cp.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
+        ready = sum(1 for d in listed.get("items", []) if (d.get("status") or {}).get("readyReplicas") == 1)
+        if ready >= targets:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{ready} of {targets} Deployments Ready after {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def run(targets: int, *, ticks: int = 10, warmup_ticks: int = 3, pods: bool = False) -> FleetFigures:
     """Build the environment for `targets` models, measure, tear it down."""
-    with control_plane() as cp, fleet_exporter(targets, namespace=NAMESPACE) as exporter, \
+    with control_plane(with_pods=pods) as cp, fleet_exporter(targets, namespace=NAMESPACE) as exporter, \
             prometheus([exporter], scrape_interval_s=SCRAPE_INTERVAL_S, honor_labels=True) as prom:
+        if pods:
+            for i in range(targets // 8 + 1):
+                status, body = cp.request("POST", "/api/v1/nodes", gpu_node(f"gpu-{i}"))
+                assert status == 201, body
         create_models(cp, targets)
+        if pods:
+            wait_ready(cp, targets, timeout_s=600.0)
         last = model_name("model", targets - 1)
         wait_for_series(prom, f'sum(rate(vllm:request_success_total{{app="{last}"}}[1m]))', lambda v: v > 0,
                         timeout_s=120.0)
-        return asyncio.run(measure(cp, prom, targets=targets, ticks=ticks, warmup_ticks=warmup_ticks))
+        return asyncio.run(measure(cp, prom, targets=targets, ticks=ticks, warmup_ticks=warmup_ticks, pods=pods))
 
 
 HEADER = ("targets", "tick_p50_ms", "tick_p99_ms", "cpu_s_per_tick", "promql_queries_per_tick",
@@ -174,15 +198,16 @@ def to_json(row: FleetFigures) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m loadtest.fleetscale N TICKS`: one N, its figures as one JSON line (controller_bench runs it)."""
+    """`python -m loadtest.fleetscale N TICKS [pods]`: one N, its figures as one JSON line (controller_bench runs
+    it)."""
     import logging
     import sys
 
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    targets, ticks = (int(a) for a in (argv if argv is not None else sys.argv[1:]))
-    print(to_json(run(targets, ticks=ticks)), flush=True)
+    args = argv if argv is not None else sys.argv[1:]
+    print(to_json(run(int(args[0]), ticks=int(args[1]), pods=args[2:] == ["pods"])), flush=True)
     return 0
 
 

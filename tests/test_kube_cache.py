@@ -2,6 +2,7 @@
 each model equals the listing reader's, and after the initial sync ticks make no list or get request."""
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -24,7 +25,13 @@ MODELS = {"small": 1, "medium": 2, "big": 30}  # the big one cannot all be place
 
 
 def settings(ns: str, name: str) -> Settings:
-    return Settings(target={"namespace": ns, "name": name}, prometheus={"url": "http://127.0.0.1:9"})
+    return Settings(target={"namespace": ns, "name": name}, prometheus={"url": "http://127.0.0.1:9"},
+                    capacity={"read_nodes": True})  # the idle slots and GPUs held: over every node and pod
+
+
+def differences(a, b) -> dict:
+    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+            if getattr(a, f.name) != getattr(b, f.name)}
 
 
 def listing_state(kube, s: Settings, now: float):
@@ -63,12 +70,20 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
                 for key in models:
                     cache.forget(key)  # a fresh reader each round, as the listing one: start-ups are reported once
                 await asyncio.sleep(0.5)
-            assert listed == cached, {k: (listed[k], cached[k]) for k in models if listed[k] != cached[k]}
+            assert listed == cached, {k: differences(listed[k], cached[k]) for k in models if listed[k] != cached[k]}
+            assert await cache.reads.live_pods(None) is await cache.reads.live_pods(None)  # one list per change
             counter.reset()
             for _ in range(5):
                 for key, s in models.items():
                     await cache.cluster_source(key, s).read(time.time())
-            return cached, counter.reads(), dict(counter.requests), cache
+            reads = counter.reads(), dict(counter.requests)
+            # a spec change: a new reader, which does not hand the policy the same start-ups again
+            old = cache.cluster_source((ns, "medium"), models[(ns, "medium")])
+            changed = models[(ns, "medium")].model_copy(update={"tick_deadline_s": 5.0})
+            new = cache.cluster_source((ns, "medium"), changed)
+            again = await new.read(time.time())
+            assert new is not old and again.ready_replicas == 2 and again.startup_durations_s == ()
+            return cached, *reads, cache
         finally:
             await cache.stop()
 
@@ -76,6 +91,7 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
     big = cached[(ns, "big")]
     assert big.unschedulable_pods > 0 and big.oldest_unschedulable_s > 0 and big.idle_slots == 0
     assert len(cached[(ns, "medium")].startup_durations_s) == 2  # learned from the cached pods too
+    assert [cached[(ns, m)].gpus_held for m in MODELS] == [1.0, 2.0, big.ready_replicas]
     assert reads == 0, requests  # 5 ticks of 3 models: no list, no get
     assert all(i.relists == 0 for i in cache.informers.values())
 
@@ -103,8 +119,8 @@ class SeamKube:
         return await fn(*args, **kwargs)
 
 
-def deployment(name: str, version: str) -> dict:
-    return {"metadata": {"name": name, "namespace": "n", "resourceVersion": version}}
+def deployment(name: str, version: str, **labels) -> dict:
+    return {"metadata": {"name": name, "namespace": "n", "resourceVersion": version, "labels": labels}}
 
 
 def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
@@ -115,7 +131,8 @@ def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
     calls = []
     answers = [aiohttp.ClientConnectionError("reset"),
                FakeWatchResponse({"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "old"}}),
-               FakeWatchResponse({"type": "ADDED", "object": deployment("b", "7")},
+               FakeWatchResponse({"type": "ADDED", "object": deployment("b", "6", app="x")},
+                                 {"type": "MODIFIED", "object": deployment("b", "7", app="y")},
                                  {"type": "DELETED", "object": deployment("a", "8")})]
 
     async def list_deployments(**kwargs):
@@ -145,3 +162,4 @@ def test_a_watch_resumes_relists_on_410_and_backs_off_on_failures(monkeypatch):
     informer = asyncio.run(go())
     assert calls == [("list", None), ("watch", "1"), ("watch", "1"), ("list", None), ("watch", "4"), ("watch", "8")]
     assert informer.relists == 1 and list(informer.items) == [("n", "b")] and informer.resource_version == "8"
+    assert informer.by_label == {("n", "app", "x"): {}, ("n", "app", "y"): {("n", "b"): informer.items[("n", "b")]}}

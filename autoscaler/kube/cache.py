@@ -58,23 +58,35 @@ class Informer:
     watch_timeout_s: int = WATCH_TIMEOUT_S
     items: dict[Key, Any] = field(default_factory=dict)
     by_namespace: dict[str, dict[Key, Any]] = field(default_factory=dict)
+    by_label: dict[tuple[str, str, str], dict[Key, Any]] = field(default_factory=dict)  # (namespace, key, value)
     synced: bool = False
     resource_version: str | None = None
     relists: int = 0
+    changes: int = 0  # counts every change of `items`, so what is derived from them can be kept until the next
+
+    def _labels(self, key: Key, obj: Any) -> list[tuple[str, str, str]]:
+        return [(key[0], k, v) for k, v in (obj.metadata.labels or {}).items()]
 
     def _put(self, obj: Any) -> None:
         key = object_key(obj)
+        self._drop(obj)  # its labels may have changed
         self.items[key] = obj
         self.by_namespace.setdefault(key[0], {})[key] = obj
+        for label in self._labels(key, obj):
+            self.by_label.setdefault(label, {})[key] = obj
 
     def _drop(self, obj: Any) -> None:
         key = object_key(obj)
-        self.items.pop(key, None)
+        self.changes += 1
+        old = self.items.pop(key, None)
         self.by_namespace.get(key[0], {}).pop(key, None)
+        for label in self._labels(key, old) if old is not None else []:
+            self.by_label.get(label, {}).pop(key, None)
 
     async def _list(self) -> None:
         listed = await self.kube.call(f"list {self.what}", self.list_fn, **self.kwargs)
-        self.items, self.by_namespace = {}, {}
+        self.items, self.by_namespace, self.by_label = {}, {}, {}
+        self.changes += 1
         for obj in listed.items:
             self._put(obj)
         self.resource_version = listed.metadata.resource_version
@@ -129,6 +141,7 @@ class CacheReads:
 
     def __init__(self, informers: dict[str, Informer]) -> None:
         self.informers = informers
+        self._live: tuple[int, list] | None = None  # (the pods' changes, every live pod)
 
     def _synced(self, kind: str) -> Informer:
         informer = self.informers[kind]
@@ -143,17 +156,28 @@ class CacheReads:
         return found
 
     async def pods(self, namespace: str, match_labels: dict[str, str]) -> list:
-        in_namespace = self._synced("pods").by_namespace.get(namespace, {}).values()
+        """In the apiserver's order (by name), as a list would give them: start-ups are reported in it."""
+        pods = self._synced("pods")
         wanted = match_labels.items()
-        return [p for p in in_namespace if wanted <= (p.metadata.labels or {}).items()]
+        first = next(iter(wanted), None)  # the pods carrying one of the labels, not the whole namespace
+        candidates = (pods.by_label.get((namespace, *first), {}) if first is not None
+                      else pods.by_namespace.get(namespace, {})).values()
+        found = [p for p in candidates if wanted <= (p.metadata.labels or {}).items()]
+        return sorted(found, key=lambda p: p.metadata.name)
 
     async def live_pods(self, namespace: str | None) -> list:
+        """Of every namespace: the same list while the pods have not changed (so the nodes' usage, derived
+        from it, is computed once for the fleet: `capacity.node_usage`)."""
         pods = self._synced("pods")
-        found = pods.items if namespace is None else pods.by_namespace.get(namespace, {})
-        return [p for p in found.values() if _live(p)]
+        if namespace is not None:
+            return [p for p in pods.by_namespace.get(namespace, {}).values() if _live(p)]
+        if self._live is None or self._live[0] != pods.changes:
+            self._live = (pods.changes, [p for p in pods.items.values() if _live(p)])
+        return self._live[1]
 
     async def pod_events(self, namespace: str) -> list:
-        return list(self._synced("events").by_namespace.get(namespace, {}).values())
+        """By name, as a list gives them (the last of several provisioners' messages is the one reported)."""
+        return sorted(self._synced("events").by_namespace.get(namespace, {}).values(), key=lambda e: e.metadata.name)
 
     async def nodes(self) -> list:
         return list(self._synced("nodes").items.values())
@@ -210,12 +234,15 @@ class KubeCache:
         self._tasks = []
 
     def cluster_source(self, key: Key, settings: Settings) -> ClusterReader:
-        """The model's cluster reader on the cache; the same one (with what it learned) while its settings
-        stay the same."""
+        """The model's cluster reader on the cache: the same one while its settings stay the same; a new one
+        when they change, which keeps what the old one reported and learned if the target is the same."""
         known = self._sources.get(key)
         if known is None or known[0] != settings:
             warm_pool = build_warm_pool(settings, self.kube, reads=self.reads)
-            known = (settings, build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads))
+            reader = build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads)
+            if known is not None and known[0].target == settings.target:
+                reader.carry_over(known[1])
+            known = (settings, reader)
             self._sources[key] = known
         return known[1]
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import structlog
 
@@ -176,22 +177,50 @@ def price_of(prices: dict[str, float], node) -> float | None:
     return prices.get(node_type(node), prices.get("default"))
 
 
-def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
-              prices: dict[str, float] | None = None, namespace: str = "default") -> NodeRoom:
+@dataclass(frozen=True)
+class NodeUsage:
+    """What the pods bound to nodes take, per node: their requests summed, and each pod with its requests.
+    It depends on the pods only, not on the model asking."""
+
+    used: dict[str, dict[str, Decimal]]
+    on: dict[str, list[tuple[Any, dict[str, Decimal]]]]
+    pods_on: dict[str, list]
+
+
+_last_usage: list = [None, None]  # [the pods list, its NodeUsage]
+
+
+def node_usage(pods: list) -> NodeUsage:
+    """The usage of `pods`; the same list object as the previous call gets the previous answer (the fleet's
+    cache hands every model the same list while its pods are unchanged: computed once, not per model)."""
+    if _last_usage[0] is pods:
+        return _last_usage[1]
     used: dict[str, dict[str, Decimal]] = {}
-    held: dict[str, Decimal] = {}
-    on: dict[str, list] = {}
+    on: dict[str, list[tuple[Any, dict[str, Decimal]]]] = {}
     for pod in pods:
         name = pod.spec.node_name if pod.spec else None
         if not name:
             continue
-        on.setdefault(name, []).append(pod)
         requests, _ = effective_resources(pod.spec)
+        on.setdefault(name, []).append((pod, requests))
         total = used.setdefault(name, {})
         for key, value in requests.items():
             total[key] = total.get(key, Decimal(0)) + value
-        if shape.gpu_resource and ours(pod):
-            held[name] = held.get(name, Decimal(0)) + requests.get(shape.gpu_resource, Decimal(0))
+    usage = NodeUsage(used, on, {name: [pod for pod, _ in bound] for name, bound in on.items()})
+    _last_usage[:] = [pods, usage]
+    return usage
+
+
+def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
+              prices: dict[str, float] | None = None, namespace: str = "default") -> NodeRoom:
+    usage = node_usage(pods)
+    used, on = usage.used, usage.pods_on
+    held: dict[str, Decimal] = {}
+    if shape.gpu_resource:
+        for name, bound in usage.on.items():
+            for pod, requests in bound:
+                if ours(pod):
+                    held[name] = held.get(name, Decimal(0)) + requests.get(shape.gpu_resource, Decimal(0))
     by_name = {node.metadata.name: node for node in nodes}
     cost = None
     if prices:

@@ -96,6 +96,13 @@ class ClusterReader:
         self._capped: set[str] = set()  # uids of pods a provisioner said it could not place
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
+    def carry_over(self, old: "ClusterReader") -> None:
+        """Keep what `old` (a reader of the same target under earlier settings) has reported and learned: the
+        pods whose start-ups it gave, the node waits counted, the pods a provisioner could not place. A spec
+        change must not hand the policy the same start-ups again."""
+        self._reported, self._capped = set(old._reported), set(old._capped)
+        self.node_waits = old.node_waits
+
     async def _workload(self):
         return await self.reads.workload(self.namespace, self.kind, self.name)
 
