@@ -305,7 +305,7 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("GET", "/api/v1/pods?watch=true&timeoutSeconds=1", True),  # the cluster cache's watches
     ("GET", "/apis/apps/v1/deployments?watch=true&timeoutSeconds=1", True),
     ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
-    ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", True),  # shard and member Leases
+    ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", False),  # only with fleet-shards
     ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])
 def test_fleet_rbac_by_impersonation(cluster, fleet_installed, method, path, allowed):
