@@ -297,6 +297,17 @@ async def stop_servers(parts: Parts) -> None:
         await runner.cleanup()
 
 
+async def run_tasks(parts: Parts, stop: asyncio.Event) -> None:
+    """Run the background tasks until `stop`, then let them finish (each ends on `stop`)."""
+    tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
+    try:
+        await stop.wait()
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -326,13 +337,7 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
                             metrics=metrics, clock=clock, parts=parts)
         structlog.get_logger("autoscaler").info("started", target=f"{target.namespace}/{target.kind}/{target.name}",
                                                 mode=settings.mode.value, identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         await session.close()

@@ -12,7 +12,10 @@ import sys
 import time
 from collections import Counter, defaultdict
 
+import pytest
+
 from loadtest.shard_writer import model_name
+from test_processes import wait_until
 
 MODELS, SHARDS = 60, 12
 DURATION_S, RENEW_DEADLINE_S, RETRY_S, TICK_S = 4.0, 3.0, 0.5, 1.0
@@ -46,15 +49,6 @@ def writers_since(tmp_path, since: float) -> dict[str, set[str]]:
 def holders(cluster, ns) -> Counter:
     leases = cluster.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases")[1]["items"]
     return Counter(lease["spec"].get("holderIdentity") for lease in leases if "-shard-" in lease["metadata"]["name"])
-
-
-def wait_until(predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def interleavings(lines: list[dict]) -> list[tuple]:
@@ -148,3 +142,55 @@ def test_three_processes_share_sixty_models_survive_a_kill_and_rebalance(cluster
                 proc.kill()
     # A graceful stop released every shard Lease.
     assert holders(cluster, ns) == Counter({None: SHARDS})
+
+
+SHARDED_NS = "fleet-shards"
+
+
+@pytest.fixture(scope="module")
+def sharded_installed(cluster, tmp_path_factory):
+    """The fleet's overlay with sharding: base + fleet-crd + fleet + fleet-shards + model-name."""
+    from overlays import render_overlay
+    from test_deploy import PATHS
+
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": SHARDED_NS}})[0] in (201, 409)
+    docs = render_overlay(tmp_path_factory.mktemp("shards"), namespace=SHARDED_NS, model="sharded",
+                          components=("fleet-crd", "fleet", "fleet-shards", "model-name"))
+    for doc in docs:
+        if doc["kind"] == "PriorityClass":
+            continue  # cluster-scoped, the single mode's: tests/test_deploy.py creates it
+        path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", SHARDED_NS))
+        status, body = cluster.request("POST", path, doc)
+        assert status in (201, 409), body.get("message")
+    return docs
+
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{SHARDED_NS}/leases", True),  # one list per round
+    ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{SHARDED_NS}/leases", True),
+    ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{SHARDED_NS}/leases/sharded-autoscaler-shard-3", True),
+    ("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{SHARDED_NS}/leases/sharded-autoscaler-member-x", True),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),  # its own namespace's only
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
+    ("GET", f"/api/v1/namespaces/{SHARDED_NS}/secrets", False),
+])
+def test_sharded_fleet_rbac_by_impersonation(cluster, sharded_installed, method, path, allowed):
+    from test_deploy import impersonated
+
+    status = impersonated(cluster, method, path, body={}, ns=SHARDED_NS)
+    assert (status != 403) == allowed, status
+
+
+def test_sharded_fleet_overlay_turns_sharding_on(sharded_installed, tmp_path, monkeypatch):
+    from autoscaler.config import load_config
+
+    controller = next(d for d in sharded_installed if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config = next(d for d in sharded_installed if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"] == "inference-autoscaler")["data"]["config.yaml"]
+    (tmp_path / "config.yaml").write_text(config)
+    for name in ("AUTOSCALER_FLEET__ENABLED", "AUTOSCALER_FLEET__SHARDS", "AUTOSCALER_LEADER_ELECTION__LEASE_NAME"):
+        monkeypatch.setenv(name, env[name].replace("$(MODEL_NAME)", "sharded"))
+    shipped = load_config(tmp_path / "config.yaml")
+    assert shipped.fleet.enabled and shipped.fleet.shards == 32 and controller["spec"]["replicas"] >= 2
+    assert shipped.leader_election.lease_name == "sharded-autoscaler"  # the shard Leases' prefix

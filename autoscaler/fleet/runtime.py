@@ -6,7 +6,8 @@ with it) on `http_port`; one admission endpoint for every model on `admission.po
 model per request, `fleet/routing.py`); one KEDA gRPC scaler for every model on `keda.port` in `keda` mode.
 Writes are gated per model by the process's Lease (leader election, as the single mode; the Lease is
 `leader_election.lease_name`, default `inference-autoscaler-fleet`, in `fleet.lease_namespace`), or by a
-shard gate when one is given. The process's own config is the base of every model's settings (mode,
+shard gate: the one given, or with `fleet.shards` > 0 the shard Leases (`fleet/shards.py`, docs/sharding.md,
+timed by `leader_election`). The process's own config is the base of every model's settings (mode,
 admission, KEDA, warm pool, the Prometheus URL...): each object adds its target, preset, signals, policy
 and budget (`crd.settings_for`).
 """
@@ -27,29 +28,37 @@ from autoscaler.fleet.controller import ClusterCache, FleetController, ShardGate
 from autoscaler.fleet.metrics import FleetMetrics
 from autoscaler.fleet.model import ModelBuilder, Readers
 from autoscaler.fleet.routing import FleetAdmission, FleetDecided, FleetScaler
+from autoscaler.fleet.shards import ShardLeases
 from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
-from autoscaler.runtime import Parts, _on_signals, _serve, health_app, stop_servers
+from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
 
 DEFAULT_LEASE = "inference-autoscaler-fleet"
 
 
 def base_config(settings: Settings) -> dict[str, Any]:
-    """The process's config as the base of each model's settings (its own target and fleet section aside)."""
-    return settings.model_dump(mode="json", exclude={"target", "fleet"})
+    """The process's config as the base of each model's settings (its own target and fleet section aside).
+    The admission queue probe is off: it lists a model's pods every second, which at hundreds of models would
+    be hundreds of apiserver requests a second; the saturation guard reads the tick's queue depth instead."""
+    base = settings.model_dump(mode="json", exclude={"target", "fleet"})
+    base["admission"]["queue_probe_interval_s"] = None
+    return base
 
 
 def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str, clock: Clock,
                 parts: Parts, hub: SignalHub | None = None, cache: ClusterCache | None = None,
-                gate: ShardGate | None = None) -> FleetController:
+                gate: ShardGate | None = None, metrics: FleetMetrics | None = None) -> FleetController:
     """The fleet controller and its background tasks (the watch, the Lease or the shard gate) in `parts`."""
-    metrics = FleetMetrics()
+    metrics = metrics or FleetMetrics()
+    if gate is None and settings.fleet.shards > 0:
+        gate = shard_gate(settings, kube, identity=identity, clock=clock, metrics=metrics)
     watch = ObjectWatch(kube, namespaces=tuple(settings.fleet.namespaces), base=base_config(settings), clock=clock,
                         on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
     readers = Readers(source=hub.source if hub is not None else None,
-                      cluster=cache.cluster_source if cache is not None else None)
+                      cluster=cache.cluster_source if cache is not None else None,
+                      forget=getattr(cache, "forget", None))
     fleet = FleetController(
         settings=settings, objects=watch, metrics=metrics, hub=hub, gate=gate,
         builder=ModelBuilder(kube, session, identity, clock, readers=readers),
@@ -71,6 +80,27 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
         parts.tasks.append(elector.run)
     parts.tasks.insert(0, fleet.run)
     return fleet
+
+
+def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> tuple[SignalHub | None,
+                                                                                     ClusterCache]:
+    """The fleet's shared readers from the config: one PromQL query per signal for the fleet when Prometheus
+    is configured, and the cluster from watches (the shard gate is `build_fleet`'s, from `fleet.shards`)."""
+    from autoscaler.fleet.promql import FleetPrometheus
+    from autoscaler.kube.cache import KubeCache
+
+    hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
+    return hub, KubeCache(kube)
+
+
+def shard_gate(settings: Settings, kube: Kube, *, identity: str, clock: Clock, metrics: FleetMetrics) -> ShardGate:
+    """`fleet.shards` shard Leases (docs/sharding.md), timed by the leader election's settings and named after
+    its Lease."""
+    le = settings.leader_election
+    return ShardLeases(kube, namespace=lease_namespace(settings), identity=identity, shards=settings.fleet.shards,
+                       lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                       retry_period_s=le.retry_period_s, clock=clock, group=le.lease_name or DEFAULT_LEASE,
+                       registry=metrics.registry)
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -99,7 +129,10 @@ async def start_fleet_servers(settings: Settings, fleet: FleetController, *, hos
 
 async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: str = "0.0.0.0",
                     stop: asyncio.Event | None = None, clock: Clock | None = None, hub: SignalHub | None = None,
-                    cache: ClusterCache | None = None, gate: ShardGate | None = None) -> None:
+                    cache: ClusterCache | None = None, gate: ShardGate | None = None,
+                    shared: bool = True) -> None:
+    """Until `stop` (or SIGTERM). `shared`: the readers not given come from the config (`shared_io`); False:
+    each model reads as the single mode does, save those given."""
     stop = stop or asyncio.Event()
     clock = clock or SystemClock()
     _on_signals(stop)
@@ -108,21 +141,19 @@ async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: 
     session = aiohttp.ClientSession()
     parts = Parts()
     log = structlog.get_logger("autoscaler")
+    metrics = FleetMetrics()
     try:
+        if shared:
+            default_hub, default_cache = shared_io(settings, kube, session)
+            hub, cache = hub or default_hub, cache or default_cache
         if cache is not None:
             await cache.start()
         fleet = build_fleet(settings, kube, session, identity=identity, clock=clock, parts=parts, hub=hub,
-                            cache=cache, gate=gate)
+                            cache=cache, gate=gate, metrics=metrics)
         await start_fleet_servers(settings, fleet, host=host, clock=clock, parts=parts)
         log.info("started", fleet=True, namespaces=settings.fleet.namespaces or "all", mode=settings.mode.value,
                  identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         if cache is not None:
