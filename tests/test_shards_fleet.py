@@ -69,13 +69,17 @@ def start(cluster, ns, name, prom, tmp_path):
     return proc, http
 
 
-def owned(port: int, ns: str) -> set[str]:
-    """The models whose last tick on this process found its shard Lease held."""
+def metrics_text(port: int) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
+            return r.read().decode()
     except OSError:
-        return set()
+        return ""
+
+
+def owned(port: int, ns: str) -> set[str]:
+    """The models whose last tick on this process found its shard Lease held."""
+    text = metrics_text(port)
     pattern = re.compile(r'^autoscaler_is_leader\{(.*)\} 1\.0$', re.M)
     models = set()
     for labels in pattern.findall(text):
@@ -132,6 +136,9 @@ def test_three_fleet_controllers_share_sixty_models_survive_a_kill_and_rebalance
             owners = wait_until(lambda: each_owned_once(cluster, procs, ns), 4 * TICK_S)  # by exactly one process each
             assert owners, {name: owned(port, ns) for name, (_, port) in procs.items()}
             assert all(len(who) == 1 for who in scalers(cluster, ns).values()), scalers(cluster, ns)
+            for _, port in procs.values():  # the shard gate's own metrics are served with the fleet's
+                text = metrics_text(port)
+                assert "autoscaler_shards_held 4.0" in text and "autoscaler_shard_members 3.0" in text, text[-2000:]
 
             # SIGKILL c1: the survivors take its shard Leases once they expire, and act on its models at their
             # next tick (`autoscaler_is_leader` of the model set by that tick).
