@@ -95,6 +95,8 @@ class FleetController:
         for key in [k for k in self.models if k not in desired or desired[k].settings is None]:
             model = self.models.pop(key)
             await model.stop()
+            if self.builder.readers.forget is not None:
+                self.builder.readers.forget(key)
             if self.status is not None and key not in self.invalid:
                 self.status.forget(key)
             log.info("model stopped", model=f"{key[0]}/{key[1]}")
@@ -102,6 +104,10 @@ class FleetController:
             if obj.settings is None:
                 continue
             model = self.models.get(key)
+            if (model is None or obj.settings != model.settings) and obj.settings.tick_s != self.settings.tick_s:
+                # the model ticks at the fleet's pace; its policy sizes windows counted in its own tick_s
+                log.warning("model tick_s differs from the fleet's", model=f"{key[0]}/{key[1]}",
+                            model_tick_s=obj.settings.tick_s, fleet_tick_s=self.settings.tick_s)
             if model is None:
                 self.models[key] = self.builder.build(key, obj.settings, generation=obj.generation,
                                                       is_leader=lambda key=key: self.owns(key))

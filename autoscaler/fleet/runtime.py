@@ -33,27 +33,32 @@ from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
-from autoscaler.runtime import Parts, _on_signals, _serve, health_app, stop_servers
+from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
 
 DEFAULT_LEASE = "inference-autoscaler-fleet"
 
 
 def base_config(settings: Settings) -> dict[str, Any]:
-    """The process's config as the base of each model's settings (its own target and fleet section aside)."""
-    return settings.model_dump(mode="json", exclude={"target", "fleet"})
+    """The process's config as the base of each model's settings (its own target and fleet section aside).
+    The admission queue probe is off: it lists a model's pods every second, which at hundreds of models would
+    be hundreds of apiserver requests a second; the saturation guard reads the tick's queue depth instead."""
+    base = settings.model_dump(mode="json", exclude={"target", "fleet"})
+    base["admission"]["queue_probe_interval_s"] = None
+    return base
 
 
 def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str, clock: Clock,
                 parts: Parts, hub: SignalHub | None = None, cache: ClusterCache | None = None,
-                gate: ShardGate | None = None) -> FleetController:
+                gate: ShardGate | None = None, metrics: FleetMetrics | None = None) -> FleetController:
     """The fleet controller and its background tasks (the watch, the Lease or the shard gate) in `parts`."""
-    metrics = FleetMetrics()
+    metrics = metrics or FleetMetrics()
     if gate is None and settings.fleet.shards > 0:
         gate = shard_gate(settings, kube, identity=identity, clock=clock, metrics=metrics)
     watch = ObjectWatch(kube, namespaces=tuple(settings.fleet.namespaces), base=base_config(settings), clock=clock,
                         on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
     readers = Readers(source=hub.source if hub is not None else None,
-                      cluster=cache.cluster_source if cache is not None else None)
+                      cluster=cache.cluster_source if cache is not None else None,
+                      forget=getattr(cache, "forget", None))
     fleet = FleetController(
         settings=settings, objects=watch, metrics=metrics, hub=hub, gate=gate,
         builder=ModelBuilder(kube, session, identity, clock, readers=readers),
@@ -75,6 +80,17 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
         parts.tasks.append(elector.run)
     parts.tasks.insert(0, fleet.run)
     return fleet
+
+
+def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> tuple[SignalHub | None,
+                                                                                     ClusterCache]:
+    """The fleet's shared readers from the config: one PromQL query per signal for the fleet when Prometheus
+    is configured, and the cluster from watches (the shard gate is `build_fleet`'s, from `fleet.shards`)."""
+    from autoscaler.fleet.promql import FleetPrometheus
+    from autoscaler.kube.cache import KubeCache
+
+    hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
+    return hub, KubeCache(kube)
 
 
 def shard_gate(settings: Settings, kube: Kube, *, identity: str, clock: Clock, metrics: FleetMetrics) -> ShardGate:
@@ -113,7 +129,10 @@ async def start_fleet_servers(settings: Settings, fleet: FleetController, *, hos
 
 async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: str = "0.0.0.0",
                     stop: asyncio.Event | None = None, clock: Clock | None = None, hub: SignalHub | None = None,
-                    cache: ClusterCache | None = None, gate: ShardGate | None = None) -> None:
+                    cache: ClusterCache | None = None, gate: ShardGate | None = None,
+                    shared: bool = True) -> None:
+    """Until `stop` (or SIGTERM). `shared`: the readers not given come from the config (`shared_io`); False:
+    each model reads as the single mode does, save those given."""
     stop = stop or asyncio.Event()
     clock = clock or SystemClock()
     _on_signals(stop)
@@ -122,21 +141,19 @@ async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: 
     session = aiohttp.ClientSession()
     parts = Parts()
     log = structlog.get_logger("autoscaler")
+    metrics = FleetMetrics()
     try:
+        if shared:
+            default_hub, default_cache = shared_io(settings, kube, session)
+            hub, cache = hub or default_hub, cache or default_cache
         if cache is not None:
             await cache.start()
         fleet = build_fleet(settings, kube, session, identity=identity, clock=clock, parts=parts, hub=hub,
-                            cache=cache, gate=gate)
+                            cache=cache, gate=gate, metrics=metrics)
         await start_fleet_servers(settings, fleet, host=host, clock=clock, parts=parts)
         log.info("started", fleet=True, namespaces=settings.fleet.namespaces or "all", mode=settings.mode.value,
                  identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         if cache is not None:
