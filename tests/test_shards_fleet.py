@@ -1,8 +1,10 @@
 """Three `autoscaler run` processes in fleet mode share 60 ModelAutoscalers over 12 shard Leases, on the real
 apiserver with a real Prometheus (one fake model server's series stand for every model's). SIGKILL one: its
-models are owned again (`autoscaler_is_leader` of the model on a survivor's /metrics) within the Lease
-duration + one retry period + one tick; a demand rise then scales every model, each by one process only (the
-`reportingInstance` of its scale Events), none scaled down; start it again: the shards rebalance to 4/4/4."""
+shard Leases are held by the survivors within the Lease duration + one tick, and its models acted on
+(`autoscaler_is_leader` of the model on a survivor's /metrics, set by the tick) within the Lease duration +
+two ticks (the first tick after the take-over may start a tick later); a demand rise then scales every
+model, each by one process only (the `reportingInstance` of its scale Events), none scaled down; start it
+again: the shards rebalance to 4/4/4, each model owned by its shard's holder."""
 
 import calendar
 import os
@@ -26,7 +28,7 @@ from test_processes import wait_until
 from test_shards_kube import holders
 
 MODELS, SHARDS = 60, 12
-DURATION_S, RENEW_DEADLINE_S, RETRY_S, TICK_S = 5.0, 4.0, 1.0, 10.0
+DURATION_S, RENEW_DEADLINE_S, RETRY_S, TICK_S = 5.0, 4.0, 1.0, 5.0
 PROCESSES = ("c0", "c1", "c2")
 
 
