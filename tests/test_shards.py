@@ -285,3 +285,14 @@ async def test_dead_members_are_forgotten(fleet):
     await fleet.run(2 * DURATION_S + 2 * RETRY_S)
     assert "inference-autoscaler-member-b" not in fleet.store.leases
     assert fleet.counts() == {"a": SHARDS}
+
+
+def test_a_lease_duration_is_written_rounded_up():
+    """Whole seconds in the API: 4.4 s is written as 5, so others wait at least as long as the holder assumes
+    (rounded to 4 they could take over while its fence, up to 4.2 s, still runs)."""
+    from autoscaler.kube.lease import KubeLeases
+
+    record = LeaseRecord(name="x-shard-0", holder="a", renew_s=100.0, acquire_s=100.0, duration_s=4.4)
+    assert KubeLeases(None, "ns")._body(record)["spec"]["leaseDurationSeconds"] == 5
+    ShardLeases(None, namespace="ns", identity="a", shards=4, lease_duration_s=4.4, renew_deadline_s=4.2,
+                retry_period_s=1, store=FakeLeases())  # accepted: what the config accepts

@@ -104,9 +104,9 @@ class ShardLeases:
                  registry: CollectorRegistry | None = None) -> None:
         if shards < 1:
             raise ValueError(f"shards ({shards}) must be at least 1")
-        if not 0 < retry_period_s < renew_deadline_s < max(1, round(lease_duration_s)):
+        if not 0 < retry_period_s < renew_deadline_s < lease_duration_s:
             raise ValueError(f"need 0 < retry_period_s ({retry_period_s}) < renew_deadline_s ({renew_deadline_s}) "
-                             f"< lease_duration_s ({lease_duration_s}, whole seconds in a Lease)")
+                             f"< lease_duration_s ({lease_duration_s})")
         if store is None and kube is None:
             raise ValueError("ShardLeases needs a Kube client or a LeaseStore")
         self.store = store or KubeLeases(kube, namespace)  # type: ignore[arg-type]

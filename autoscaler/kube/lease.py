@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
@@ -102,8 +103,8 @@ class KubeLeases:
             "metadata": metadata,
             "spec": {
                 "holderIdentity": record.holder,
-                # an integer in the API: never round a duration down to below what the holder assumes
-                "leaseDurationSeconds": max(1, int(round(record.duration_s))),
+                # whole seconds in the API: rounded up, so others never wait less than the holder assumes
+                "leaseDurationSeconds": max(1, math.ceil(record.duration_s)),
                 "acquireTime": micro_time(record.acquire_s),
                 "renewTime": micro_time(record.renew_s),
                 "leaseTransitions": record.transitions,
