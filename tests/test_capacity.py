@@ -119,3 +119,22 @@ def test_required_pod_rules_never_count_a_slot_the_scheduler_would_refuse():
     together = V1Affinity(pod_affinity=V1PodAffinity(
         required_during_scheduling_ignored_during_execution=[term("kubernetes.io/hostname")]))
     assert idle(shaped(together)) == 0
+
+
+def test_the_nodes_usage_is_computed_once_per_list_of_pods():
+    """The fleet's cache hands every model the same list while the pods are unchanged: one computation."""
+    from types import SimpleNamespace as NS
+
+    from autoscaler.kube.capacity import node_usage
+
+    def pod(node):
+        return NS(spec=NS(node_name=node, containers=[NS(resources=NS(requests={"nvidia.com/gpu": "4"}, limits=None))],
+                          init_containers=None, overhead=None))
+
+    pods = [pod("a"), pod("a"), pod("b")]
+    first = node_usage(pods)
+    assert node_usage(pods) is first
+    assert {n: {k: int(v) for k, v in used.items()} for n, used in first.used.items()} == \
+        {"a": {"nvidia.com/gpu": 8}, "b": {"nvidia.com/gpu": 4}}
+    again = node_usage(list(pods))  # another list (another read): computed again
+    assert again is not first and again.used == first.used

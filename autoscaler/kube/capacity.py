@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import structlog
 
 from autoscaler.errors import EdgeError
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, field_of, parse_quantity
+from autoscaler.kube.reads import ApiReads, ClusterReads
 
 log = structlog.get_logger("autoscaler")
 
@@ -36,7 +38,6 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 GPU_PREFIXES = ("nvidia.com/mig-", "gpu.intel.com/")
 NODE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "nvidia.com/gpu.product")
 HOSTNAME = "kubernetes.io/hostname"
-LIVE = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def is_gpu_resource(name: str) -> bool:
@@ -176,22 +177,50 @@ def price_of(prices: dict[str, float], node) -> float | None:
     return prices.get(node_type(node), prices.get("default"))
 
 
-def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
-              prices: dict[str, float] | None = None, namespace: str = "default") -> NodeRoom:
+@dataclass(frozen=True)
+class NodeUsage:
+    """What the pods bound to nodes take, per node: their requests summed, and each pod with its requests.
+    It depends on the pods only, not on the model asking."""
+
+    used: dict[str, dict[str, Decimal]]
+    on: dict[str, list[tuple[Any, dict[str, Decimal]]]]
+    pods_on: dict[str, list]
+
+
+_last_usage: list = [None, None]  # [the pods list, its NodeUsage]
+
+
+def node_usage(pods: list) -> NodeUsage:
+    """The usage of `pods`; the same list object as the previous call gets the previous answer (the fleet's
+    cache hands every model the same list while its pods are unchanged: computed once, not per model)."""
+    if _last_usage[0] is pods:
+        return _last_usage[1]
     used: dict[str, dict[str, Decimal]] = {}
-    held: dict[str, Decimal] = {}
-    on: dict[str, list] = {}
+    on: dict[str, list[tuple[Any, dict[str, Decimal]]]] = {}
     for pod in pods:
         name = pod.spec.node_name if pod.spec else None
         if not name:
             continue
-        on.setdefault(name, []).append(pod)
         requests, _ = effective_resources(pod.spec)
+        on.setdefault(name, []).append((pod, requests))
         total = used.setdefault(name, {})
         for key, value in requests.items():
             total[key] = total.get(key, Decimal(0)) + value
-        if shape.gpu_resource and ours(pod):
-            held[name] = held.get(name, Decimal(0)) + requests.get(shape.gpu_resource, Decimal(0))
+    usage = NodeUsage(used, on, {name: [pod for pod, _ in bound] for name, bound in on.items()})
+    _last_usage[:] = [pods, usage]
+    return usage
+
+
+def node_room(nodes, pods, template, shape: Shape, *, ours=lambda pod: False,
+              prices: dict[str, float] | None = None, namespace: str = "default") -> NodeRoom:
+    usage = node_usage(pods)
+    used, on = usage.used, usage.pods_on
+    held: dict[str, Decimal] = {}
+    if shape.gpu_resource:
+        for name, bound in usage.on.items():
+            for pod, requests in bound:
+                if ours(pod):
+                    held[name] = held.get(name, Decimal(0)) + requests.get(shape.gpu_resource, Decimal(0))
     by_name = {node.metadata.name: node for node in nodes}
     cost = None
     if prices:
@@ -220,8 +249,10 @@ class NodeReader:
     """Reads nodes and the pods bound to them, and returns the idle slots for a template; with `prices`
     (per GPU-hour by node type, `default` for the rest), what the target's GPUs cost per hour."""
 
-    def __init__(self, kube: Kube, *, prices: dict[str, float] | None = None) -> None:
+    def __init__(self, kube: Kube, *, prices: dict[str, float] | None = None,
+                 reads: ClusterReads | None = None) -> None:
         self.kube = kube
+        self.reads = reads or ApiReads(kube)
         self.prices = prices or {}
         self._warned = False
 
@@ -229,13 +260,12 @@ class NodeReader:
         if not shape.requests:
             return NodeRoom()
         try:
-            nodes = await self.kube.call("list nodes", self.kube.core.list_node)
-            pods = await self.kube.call("list pods in all namespaces", self.kube.core.list_pod_for_all_namespaces,
-                                        field_selector=LIVE)
+            nodes = await self.reads.nodes()
+            pods = await self.reads.live_pods(None)
         except EdgeError as exc:
             if not self._warned:
                 log.warning("idle node slots unknown, taken as 0", error=str(exc))
                 self._warned = True
             return NodeRoom()
         self._warned = False
-        return node_room(nodes.items, pods.items, template, shape, ours=ours, prices=self.prices, namespace=namespace)
+        return node_room(nodes, pods, template, shape, ours=ours, prices=self.prices, namespace=namespace)
