@@ -60,7 +60,12 @@ def _run(args: argparse.Namespace) -> int:
     settings = load_config(args.config)  # an invalid config exits 2 before anything starts
     _check_cluster_given(args)
     configure_logging()
-    asyncio.run(run(settings, kubeconfig=args.kubeconfig))
+    if settings.fleet.enabled:  # every ModelAutoscaler object (docs/fleet-controller.md)
+        from autoscaler.fleet.runtime import run_fleet
+
+        asyncio.run(run_fleet(settings, kubeconfig=args.kubeconfig))
+    else:
+        asyncio.run(run(settings, kubeconfig=args.kubeconfig))
     return 0
 
 
@@ -93,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoscaler", description="Predictive autoscaling for GPU model servers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("run", help="run the controller for one target")
+    c = sub.add_parser("run", help="run the controller for one target, or every ModelAutoscaler (fleet.enabled)")
     c.add_argument("--config", default=None,
                    help="YAML config (the ConfigMap; example: deploy/base/configmap.yaml); AUTOSCALER_* variables "
                    "override it (default: the AUTOSCALER_* variables alone)")

@@ -226,10 +226,30 @@ class LeaderElection(_Strict):
         return self
 
 
+class Fleet(_Strict):
+    """Fleet mode: control every ModelAutoscaler object (docs/fleet-controller.md) instead of one `target`."""
+
+    enabled: bool = False
+    namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list, description="Namespaces whose ModelAutoscalers are served; empty: all namespaces.")
+    status_every_ticks: int = Field(
+        20, ge=1, le=10_000, description="A model's status is written when it changes, and at least this often "
+        "(in ticks) otherwise, as a heartbeat.")
+    shards: int = Field(0, ge=0, le=4096, description="Shard Leases the models are split over (several replicas); "
+                        "0: no sharding, the process's leader election gates every write.")
+    lease_namespace: str | None = Field(
+        None, min_length=1, description="Namespace of the controller's Leases; default: POD_NAMESPACE, else default.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
-    target: Target
+    # None only in fleet mode (checked below). Annotated `Target`, not `Target | None`: pydantic-settings reads
+    # a variable of an optional nested field that is not JSON as a plain string, and its "not valid JSON"
+    # message would be lost.
+    target: Target = Field(None, validate_default=False,  # type: ignore[assignment]
+                           description="The one model's workload; unset in fleet mode.")
+    fleet: Fleet = Field(default_factory=Fleet)
     mode: Mode = Mode.shadow
     model_server: str = Field("vllm", description=f"Metric preset: one of {sorted(PRESETS)}")
     tick_deadline_s: float | None = Field(None, gt=0, description="Default: 80 % of policy.tick_s.")
@@ -249,6 +269,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Settings":
+        if self.target is None and not self.fleet.enabled:
+            raise ValueError("no target: set target (one model) or fleet.enabled (every ModelAutoscaler object)")
+        if self.target is not None and self.fleet.enabled:
+            raise ValueError(f"target {self.target.namespace}/{self.target.name} and fleet.enabled: pick one (in "
+                             "fleet mode each ModelAutoscaler names its target)")
         if self.model_server not in PRESETS:
             raise ValueError(f"model_server {self.model_server!r} is not one of {sorted(PRESETS)}")
         if self.prometheus.url is None and not self.scrape.enabled:

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import aiohttp
 import structlog
@@ -94,7 +94,27 @@ def configure_logging() -> None:
     )
 
 
-def health_app(controller: Controller, metrics: ControllerMetrics, board: DecisionBoard, clock: Clock,
+class Ticking(Protocol):
+    """What /healthz reads of a loop (one model's, or the fleet's)."""
+
+    settings: Settings
+    last_tick_s: float | None
+
+
+class Decided(Protocol):
+    """What /decided reads of a board (one model's, or the fleet's view of all)."""
+
+    stale_after_s: float | None
+
+    @property
+    def latest(self) -> object | None: ...
+
+    def age_s(self) -> float: ...
+
+    def stale(self) -> bool: ...
+
+
+def health_app(controller: Ticking, metrics: Any, board: Decided, clock: Clock,
                started_s: float, *, serving: Callable[[], bool] = lambda: True) -> web.Application:
     limit = HEALTHY_TICK_PERIODS * controller.settings.tick_s
 
@@ -128,11 +148,12 @@ def health_app(controller: Controller, metrics: ControllerMetrics, board: Decisi
     return app
 
 
-def decision_board(settings: Settings, *, metrics: ControllerMetrics, clock: Clock) -> DecisionBoard:
+def decision_board(settings: Settings, *, metrics: ControllerMetrics, clock: Clock,
+                   wake: asyncio.Event | None = None) -> DecisionBoard:
     """The board the loop publishes to, whose decisions go stale after `stale_after_ticks` ticks; its age
-    and every stale read are metrics."""
+    and every stale read are metrics. `wake`: an event shared with other boards (the fleet's one loop)."""
     board = DecisionBoard(stale_after_s=settings.stale_after_ticks * settings.tick_s, clock=clock,
-                          on_stale=lambda reader: metrics.stale_answers.labels(reader).inc())
+                          on_stale=lambda reader: metrics.stale_answers.labels(reader).inc(), _wake=wake)
     metrics.decision_age.set_function(board.age_s)
     metrics.held.set_function(lambda: board.held_requests)
     return board

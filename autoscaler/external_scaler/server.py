@@ -35,7 +35,8 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         self.scaled_object = scaled_object
         self.metric_name = metric_name
 
-    async def _check(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> None:
+    async def _check(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> DecisionBoard:
+        """The board of the ScaledObject `ref` names (aborts the call when there is none)."""
         if not ref.name or not ref.namespace:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ScaledObjectRef needs a name and a namespace")
         if (ref.namespace, ref.name) != (self.namespace, self.scaled_object):
@@ -44,33 +45,34 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                 f"unknown ScaledObject {ref.namespace}/{ref.name}; this scaler serves "
                 f"{self.namespace}/{self.scaled_object}",
             )
+        return self.board
 
-    async def _fresh(self, context: grpc.aio.ServicerContext) -> Published:
-        latest = self.board.fresh("keda")
+    async def _fresh(self, board: DecisionBoard, context: grpc.aio.ServicerContext) -> Published:
+        latest = board.fresh("keda")
         if latest is None:
-            why = "no decision yet" if self.board.latest is None else f"decision {self.board.age_s():.0f} s old"
+            why = "no decision yet" if board.latest is None else f"decision {board.age_s():.0f} s old"
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{why}: keep the current scale")
         return latest
 
     async def IsActive(self, request, context):  # noqa: N802 (gRPC names)
-        await self._check(request, context)
-        latest = await self._fresh(context)
-        return pb.IsActiveResponse(result=latest.replicas > 0 or self.board.held_requests > 0)
+        board = await self._check(request, context)
+        latest = await self._fresh(board, context)
+        return pb.IsActiveResponse(result=latest.replicas > 0 or board.held_requests > 0)
 
     async def StreamIsActive(self, request, context):  # noqa: N802
-        await self._check(request, context)
+        board = await self._check(request, context)
         last = None
-        recheck_s = min(STREAM_RECHECK_S, self.board.stale_after_s or STREAM_RECHECK_S)
+        recheck_s = min(STREAM_RECHECK_S, board.stale_after_s or STREAM_RECHECK_S)
         while True:
-            latest = self.board.fresh("keda")
-            if self.board.held_requests > 0:
+            latest = board.fresh("keda")
+            if board.held_requests > 0:
                 active = True  # a request waits for a replica: wake now, before the next decision says so
             else:
                 active = latest.replicas > 0 if latest is not None else last  # nothing to say: say nothing
             if active != last:
                 yield pb.IsActiveResponse(result=active)
                 last = active
-            await self.board.wait_change(timeout_s=recheck_s)
+            await board.wait_change(timeout_s=recheck_s)
 
     def _spec(self) -> pb.GetMetricSpecResponse:
         return pb.GetMetricSpecResponse(
@@ -88,13 +90,13 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             await asyncio.sleep(3600)
 
     async def GetMetrics(self, request, context):  # noqa: N802
-        await self._check(request.scaledObjectRef, context)
+        board = await self._check(request.scaledObjectRef, context)
         if request.metricName and request.metricName != self.metric_name:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metricName!r}; this scaler publishes "
                 f"{self.metric_name!r}"
             )
-        replicas = (await self._fresh(context)).replicas
+        replicas = (await self._fresh(board, context)).replicas
         return pb.GetMetricsResponse(
             metricValues=[pb.MetricValue(metricName=self.metric_name, metricValue=replicas,
                                          metricValueFloat=float(replicas))]
@@ -105,10 +107,15 @@ async def start(board: DecisionBoard, *, host: str, port: int, namespace: str, s
                 metric_name: str,
                 credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
     """The scaler serving on host:port: over TLS with `credentials` (see `tls.server_credentials`), else plaintext."""
+    servicer = ExternalScaler(board, namespace=namespace, scaled_object=scaled_object, metric_name=metric_name)
+    return await serve(servicer, host=host, port=port, credentials=credentials)
+
+
+async def serve(servicer: pb_grpc.ExternalScalerServicer, *, host: str, port: int,
+                credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
+    """`servicer` on host:port, over TLS with `credentials`, else plaintext."""
     server = grpc.aio.server()
-    pb_grpc.add_ExternalScalerServicer_to_server(
-        ExternalScaler(board, namespace=namespace, scaled_object=scaled_object, metric_name=metric_name), server
-    )
+    pb_grpc.add_ExternalScalerServicer_to_server(servicer, server)
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
