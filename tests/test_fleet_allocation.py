@@ -116,3 +116,14 @@ def test_a_holding_model_keeps_what_it_holds_and_a_model_without_whole_gpus_is_h
     assert not out[("a", "held")].decision.valid
     assert not out[("a", "cpu")].decision.valid
     assert "fleet: held: the fleet decision refused its input" in out[("a", "cpu")].decision.reasons[-1]
+
+
+def test_a_models_min_replicas_is_guaranteed_so_the_actuators_floor_stays_within_the_cap():
+    """3 GPUs; tier 0 wants 4, tier 1 wants 4 with min_replicas 1. Without the floor the fleet gives tier 1
+    nothing and its actuator would raise it to 1 anyway (4 GPUs held); with it, 2 and 1."""
+    step = FleetStep(budgets=Budgets(fleet_gpus=3))
+    out = step.decide([
+        Member(("a", "top"), decided(Decision(replicas=4), spec_replicas=1), template("1"), tier=0, min_replicas=1),
+        Member(("a", "low"), decided(Decision(replicas=4), spec_replicas=1), template("1"), tier=1, min_replicas=1),
+    ])
+    assert (out[("a", "top")].decision.replicas, out[("a", "low")].decision.replicas) == (2, 1)

@@ -17,6 +17,11 @@ shape (`autoscaler/kube/pooledwarm.py`), sized from `FleetDecision.warm_by_shape
 pool is then sized 0 (its decision's `warm_slots` is 0, and a reason names its share of the pool). The pool
 is written only where `write_pool` holds (actuate mode, and the process's leader).
 
+Floors. A model's `min_replicas` (0 when it may scale to zero) is the floor its scale actuator keeps
+whatever it is told, so the fleet guarantees it as the model's nominal quota (served before every tier;
+what the model does not use of it is lent). Floors that sum above the cap are still raised by the actuators:
+the reasons of the models left short say so ("capped by fleet budget").
+
 Safe holds. A model whose own decision is invalid still counts, with its current replicas as its demand, so
 that what it holds is not given to others; its decision stays invalid and nothing is applied to it. A model
 whose pod template cannot be read (or whose input the fleet decision refuses) is held with a reason and left
@@ -53,6 +58,7 @@ class Member:
     tier: int = 1
     weight: float = 1.0
     drain_s: float = 0.0
+    min_replicas: int = 0  # the floor its scale actuator keeps: guaranteed by the fleet (as a nominal quota)
 
 
 def _name(key: Key) -> str:
@@ -71,7 +77,7 @@ def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
         name=_name(member.key), namespace=member.key[0], tier=member.tier, weight=member.weight,
         demand_replicas=class_demand(asked, member.decided.signals.arrival_rate_by_priority, spec.classes),
         gpus_per_replica=int(gpus), warm_slots=decision.warm_slots if decision.valid else 0, lead_time_s=lead,
-        drain_s=member.drain_s, shed=dict(asked.shed))
+        drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus))
 
 
 def with_allocation(decision: Decision, allocation, *, pooled: bool) -> Decision:
@@ -138,7 +144,10 @@ class FleetStep:
             except EdgeError as exc:
                 out[key] = held(d, f"its pod template could not be read: {exc}")
                 continue
-            members.append(Member(key, d, template, tier=getattr(obj, "tier", 1), weight=getattr(obj, "weight", 1.0)))
+            policy = controllers[key].settings.policy
+            floor = 0 if policy.idle_after_s is not None else policy.min_replicas  # as the scale actuator's
+            members.append(Member(key, d, template, tier=getattr(obj, "tier", 1), weight=getattr(obj, "weight", 1.0),
+                                  min_replicas=floor))
         out.update(self.decide(members))
         if self.pooled is not None and write_pool and self.last is not None:
             try:
