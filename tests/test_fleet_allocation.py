@@ -65,11 +65,15 @@ class RateHub(Hub):
 
 def test_warm_slots_are_pooled_for_the_fleet_in_one_placeholder_set_per_shape(cluster, crd, namespace):  # noqa: F811
     """Two models each needing 2 warm slots alone (+50 % growth of 5 replicas), one fleet of 13 GPUs: the
-    pooled 1-GPU placeholders are ceil(sqrt(2^2 + 2^2)) = 3, not 4, in the controller's namespace; the models'
-    own warm pools are sized 0."""
+    pooled 1-GPU placeholders are ceil(sqrt(2^2 + 2^2)) = 3, not 4, in the controller's namespace, and the
+    models keep none of their own. Once the placeholders are Ready, the models' readers count them: their
+    lead time drops the node provisioning."""
     ns = namespace
     create(cluster, ns, ["a", "b"], warm_growth_min_ratio=0.5)
     base = fleet_settings(ns)
+    status, body = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+                                   {"metadata": {"name": base.warm_pool.priority_class}, "value": -5})
+    assert status in (201, 409), body
     settings = base.model_copy(update={
         "capacity": base.capacity.model_copy(update={"max_gpus": 13}),
         "warm_pool": base.warm_pool.model_copy(update={"enabled": True}),
@@ -78,17 +82,33 @@ def test_warm_slots_are_pooled_for_the_fleet_in_one_placeholder_set_per_shape(cl
     async def go():
         async with Running(cluster, settings, RateHub({(ns, "a"): 64, (ns, "b"): 64})) as run:
             await run.fleet.tick()
-            return {k[1]: m.decision for k, m in run.fleet.models.items()}
+            first = {k[1]: m.decision for k, m in run.fleet.models.items()}
+            pooled = run.fleet.step.pooled
+            await until_async(lambda: pooled.ready(), lambda r: r.get(1) == 3)
+            await asyncio.sleep(pooled.ready_ttl_s)
+            await run.fleet.tick()
+            return first, {k[1]: m.decision for k, m in run.fleet.models.items()}
 
-    decisions = asyncio.run(go())
+    decisions, later = asyncio.run(go())
     listed = cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments")[1]["items"]
     sizes = {d["metadata"]["name"]: d["spec"]["replicas"] for d in listed}
-    assert sizes == {"a": 5, "b": 5, "fleet-warm-1gpu": 3, "a-warm-pool": 0, "b-warm-pool": 0}
+    assert sizes == {"a": 5, "b": 5, "fleet-warm-1gpu": 3}  # no placeholders of the models' own
+    # the models' readers see the pooled slots: no node provisioning in their lead time any more
+    assert all(d.lead_time_s >= 300 for d in decisions.values()), decisions
+    assert all(d.lead_time_s < 300 for d in later.values()), later
     for decision in decisions.values():
         assert decision.warm_slots == 0
         assert any("2 slots beyond 5 replicas" in r for r in decision.reasons)  # its own need, alone
         assert any(r.startswith("fleet: warm pool: ") and "of the 3 pooled 1-GPU slots" in r
                    for r in decision.reasons)
+
+
+async def until_async(read, done, timeout_s=30.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not done(value := await read()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out at {value}"
+        await asyncio.sleep(0.25)
+    return value
 
 
 def template(gpus: str):

@@ -160,14 +160,14 @@ def test_pooled_placeholders_go_to_whichever_model_scales_first_and_karpenter_re
 
     async def warm(kube):
         pooled = PooledWarmPool(kube, namespace="fleet-warm", priority_class="placeholder",
-                                pause_image="registry.k8s.io/pause:3.10", max_slots=4)
+                                pause_image="registry.k8s.io/pause:3.10", max_slots=4, ready_ttl_s=0)
         readers = [ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
                    for ns in ("pooled-a", "pooled-b")]
         for reader in readers:
             await until(lambda reader=reader: _ready(reader, 1))
         await pooled.ensure({1: 1}, {f"{r.namespace}/model": await r.pod_template() for r in readers})
         await until(lambda: _pooled(pooled, 1))
-        return await pooled.share(1).ready()
+        return await pooled.share(namespace="pooled-a", kind="Deployment", name="model").ready()
 
     assert with_kube(cp, warm) == 1
     nodes = fleet_nodes(3)

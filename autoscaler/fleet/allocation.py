@@ -13,9 +13,11 @@ is its object's `budget.maxGPUs`, which its own `decide` applies), and `capacity
 every namespace's cap.
 
 Pooled warm capacity. With a `PooledWarmPool` the warm slots are the fleet's, one placeholder set per replica
-shape (`autoscaler/kube/pooledwarm.py`), sized from `FleetDecision.warm_by_shape`. Each model's own warm
-pool is then sized 0 (its decision's `warm_slots` is 0, and a reason names its share of the pool). The pool
-is written only where `write_pool` holds (actuate mode, and the process's leader).
+shape (`autoscaler/kube/pooledwarm.py`), sized from `FleetDecision.warm_by_shape`. Each model's warm pool is
+then its view of the pooled one (`PooledWarmPool.share`, given to its controller by `ModelBuilder`): its
+cluster reader counts the ready pooled slots of its shape (its lead time is the start-up alone while one is
+free), and it writes no placeholder of its own (its decision's `warm_slots` is 0; a reason names its share
+of the pool). The pool is written only where `write_pool` holds (actuate mode, and the process's leader).
 
 Floors. A model's `min_replicas` (0 when it may scale to zero) is the floor its scale actuator keeps
 whatever it is told, so the fleet guarantees it as the model's nominal quota (served before every tier;

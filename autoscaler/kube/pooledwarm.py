@@ -21,9 +21,10 @@ shape is refused with an error naming the models' differences and held as it is,
 applied; so is a shape that has slots but no template. A shape no model has any more (one of our pool
 Deployments missing from the call) is scaled to 0, not deleted, from its own template.
 
-`ready()`: the ready placeholders per shape. `share(gpus)`: one shape's pool as one model's `WarmPool` (its
-ready slots are the shape's, which any model of that shape may take; its `ensure` does nothing, since the
-fleet sizes the pool), for the models' own cluster readers.
+`ready()`: the ready placeholders per shape (read at most once per `ready_ttl_s`, so that every model of a
+tick shares one list). `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
+own cluster reader. Its ready slots are those of the model's shape, which any model of that shape may take.
+Its `ensure` does nothing, since the fleet sizes the pool.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 import copy
 import re
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 
@@ -97,9 +98,11 @@ class PooledWarmPool:
     """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring)."""
 
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
-                 prefix: str = "fleet-warm") -> None:
+                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
         self.kube, self.namespace, self.prefix = kube, namespace, prefix
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
+        self.ready_ttl_s = ready_ttl_s
+        self._ready: tuple[float, dict[int, int]] | None = None
 
     def _pool(self, name: str, gpus: int) -> PlaceholderPool:
         return PlaceholderPool(self.kube, namespace=self.namespace, name=name, priority_class=self.priority_class,
@@ -139,27 +142,39 @@ class PooledWarmPool:
 
     async def ready(self) -> dict[int, int]:
         """Ready placeholders per shape (GPUs per replica)."""
+        now = self.kube.clock.now()
+        if self._ready is not None and now - self._ready[0] < self.ready_ttl_s:
+            return dict(self._ready[1])
         out: dict[int, int] = {}
         for deployment in await self._ours():
             gpus = int((deployment.metadata.labels or {}).get(SHAPE_LABEL, "0") or 0)
             ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
             out[gpus] = out.get(gpus, 0) + ready
-        return out
+        self._ready = (now, out)
+        return dict(out)
 
-    def share(self, gpus: int) -> "SharedSlots":
-        return SharedSlots(self, gpus)
+    def share(self, *, namespace: str, kind: str, name: str) -> "SharedSlots":
+        """The pool as the `WarmPool` of the model whose workload this is (its shape read from its template)."""
+        kube = self.kube
+        read = kube.apps.read_namespaced_deployment if kind == "Deployment" else kube.apps.read_namespaced_stateful_set
+
+        async def template():
+            return (await kube.call(f"read {kind} {namespace}/{name}", read, name, namespace)).spec.template
+
+        return SharedSlots(self, template)
 
 
 class SharedSlots:
-    """One shape of the pooled pool, seen by one model as its `WarmPool`: the fleet sizes it, the model reads
-    the slots it may take."""
+    """The pooled pool seen by one model as its `WarmPool`: the fleet sizes it (`ensure` does nothing), the
+    model reads the ready slots of its own shape, which it may take (as may any model of that shape)."""
 
-    def __init__(self, pooled: PooledWarmPool, gpus: int) -> None:
-        self.pooled, self.gpus = pooled, gpus
-        self.name = pool_name(pooled.prefix, gpus, WHOLE_GPU)
+    def __init__(self, pooled: PooledWarmPool, template: Callable[[], Awaitable[Any]]) -> None:
+        self.pooled, self.template = pooled, template
+        self.name = pooled.prefix  # no placeholder is the model's own: none carries this name
 
     async def ensure(self, template: Any, slots: int) -> None:
         """Nothing: the fleet decides the pooled size (`PooledWarmPool.ensure`), not one model."""
 
     async def ready(self) -> int:
-        return (await self.pooled.ready()).get(self.gpus, 0)
+        gpus = replica_shape(await self.template()).gpus
+        return (await self.pooled.ready()).get(int(gpus), 0) if gpus > 0 else 0
