@@ -81,6 +81,7 @@ proto: $(STAMP)
 # Runtime figures of the live controller (loop overhead, KEDA latency, memory); needs `make system`.
 bench-controller: $(SYSTEM_STAMP)
 	$(PY) -m loadtest.controller_bench
+	$(PY) -m loadtest.controller_bench --targets 1,50,500
 
 # The pip flags the install uses from this terminal (or pipe), for the tests.
 pip-flags:

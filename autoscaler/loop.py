@@ -219,7 +219,9 @@ class Controller:
 
     async def act(self, decision: Decision, now: float) -> None:
         await self._warn_capacity(decision, now)
-        if self.scaler is not None:
+        # The Lease is checked again right before each write: a shard Lease is fenced by time and may have
+        # ended while this tick decided (docs/sharding.md).
+        if self.scaler is not None and self.is_leader():
             try:
                 changed = await self.scaler.scale(decision.replicas)
             except EdgeError as exc:
@@ -233,7 +235,7 @@ class Controller:
                         await self.events.scaled(before=before, after=after, reasons=decision.reasons, now=now)
                     except EdgeError as exc:
                         self._error(exc, "event")
-        if self.warm_pool is not None and self.settings.warm_pool.enabled:
+        if self.warm_pool is not None and self.settings.warm_pool.enabled and self.is_leader():
             try:
                 await self.warm_pool.ensure(await self.cluster.pod_template(), decision.warm_slots)
             except EdgeError as exc:

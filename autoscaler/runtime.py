@@ -32,15 +32,12 @@ from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
-from autoscaler.kube.budget import BudgetReader
-from autoscaler.kube.capacity import NodeReader
 from autoscaler.kube.client import Kube
-from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.scale import ScaleActuator
-from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool, WarmPool
+from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
 from autoscaler.loop import Controller, PriorityCounter
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.presets import SCRAPE
@@ -216,30 +213,6 @@ def build_sources(settings: Settings, kube: Kube, session: aiohttp.ClientSession
     return sources
 
 
-def build_warm_pool(settings: Settings, kube: Kube) -> WarmPool | None:
-    """The warm pool backend the config names (None when the warm pool is off)."""
-    pool, target = settings.warm_pool, settings.target
-    if not pool.enabled:
-        return None
-    name = target.name + pool.name_suffix
-    if pool.backend == "capacity-buffer":
-        return CapacityBufferPool(kube, namespace=target.namespace, name=name, target_kind=target.kind,
-                                  target=target.name, max_slots=settings.policy.max_warm_slots)
-    return PlaceholderPool(kube, namespace=target.namespace, name=name, priority_class=pool.priority_class,
-                           pause_image=pool.pause_image, max_slots=settings.policy.max_warm_slots)
-
-
-def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | None) -> ClusterReader:
-    """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets)."""
-    target, capacity = settings.target, settings.capacity
-    budget = BudgetReader(kube, namespace=target.namespace, max_gpus=capacity.max_gpus,
-                          namespace_max_gpus=capacity.namespace_max_gpus, kueue=capacity.kueue,
-                          kueue_version=capacity.kueue_api_version)
-    return ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name, warm_pool=warm_pool,
-                         nodes=NodeReader(kube, prices=capacity.gpu_hour_price) if capacity.read_nodes else None,
-                         budget=budget, gpu_resource=capacity.gpu_resource)
-
-
 def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
                      board: DecisionBoard, metrics: ControllerMetrics, priorities: PriorityCounter,
                      clock: Clock, parts: Parts) -> Controller:
@@ -324,6 +297,17 @@ async def stop_servers(parts: Parts) -> None:
         await runner.cleanup()
 
 
+async def run_tasks(parts: Parts, stop: asyncio.Event) -> None:
+    """Run the background tasks until `stop`, then let them finish (each ends on `stop`)."""
+    tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
+    try:
+        await stop.wait()
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -353,13 +337,7 @@ async def run(settings: Settings, *, kubeconfig: str | None = None, host: str = 
                             metrics=metrics, clock=clock, parts=parts)
         structlog.get_logger("autoscaler").info("started", target=f"{target.namespace}/{target.kind}/{target.name}",
                                                 mode=settings.mode.value, identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         await session.close()

@@ -1,6 +1,7 @@
 """Figures of the live controller's runtime (a benchmark that prints, not a timed test).
 
     python -m loadtest.controller_bench [--ticks 300] [--rps 200] [--seconds 10] [--memory-ticks 240,5760]
+    python -m loadtest.controller_bench --targets 1,50,500 [--fleet-ticks 10] [--json]
 
 1. Per-tick overhead of the loop against a local Prometheus (Debian's, scraping the fake vLLM server):
    p50 / p99 of a full tick (7 concurrent PromQL queries, decide, publish, metrics, log), back to back.
@@ -10,7 +11,10 @@
    simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits;
    then a second controller (another model) run as long beside it, whose growth of the process's
    resident memory is the per-model cost of serving several models from one process.
-The test suite runs all three briefly (tests/test_controller_bench.py), so the script cannot silently break.
+4. With --targets: the fleet controller at each N models (`fleetscale.py`: real apiserver with N Deployments
+   and ModelAutoscalers, real Prometheus with N models' series), each N in its own process (so its resident
+   memory is its own); a table, or with --json one JSON object per N.
+The test suite runs them briefly (tests/test_controller_bench.py), so the script cannot silently break.
 """
 
 from __future__ import annotations
@@ -32,17 +36,13 @@ from autoscaler.external_scaler.server import start
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import PrometheusSource, QueryResult
+from loadtest.fleetscale import FleetFigures, pct, rss_mb, table
 from loadtest.realservers import fake_model_server, free_port, post_json, prometheus, wait_for_series
 from policies import ClusterState, Sample
 
 
 def quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class StaticCluster:
@@ -138,14 +138,6 @@ async def keda_latency(rps: int, seconds: float) -> tuple[list[float], int]:
 TICK_S = 15.0
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 class SyntheticSource:
     """Diurnal-ish demand, so the forecaster has something to fit."""
 
@@ -198,8 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-ticks", default="240,5760",
                    help="simulated ticks (15 s) after which to print resident memory, comma-separated "
                         "(default: %(default)s: an hour and a day)")
+    p.add_argument("--targets", default=None,
+                   help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500)")
+    p.add_argument("--fleet-ticks", type=int, default=10, help="measured fleet ticks per N (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="fleet mode: one JSON object per N instead of the table")
     args = p.parse_args(argv)
     quiet_logs()
+    if args.targets is not None:
+        return fleet_main([int(n) for n in args.targets.split(",")], ticks=args.fleet_ticks, as_json=args.json)
     start_rss = rss_mb()
     durations = asyncio.run(loop_overhead(args.ticks))
     print(f"loop tick against local Prometheus ({args.ticks} ticks): p50 {pct(durations, 0.5) * 1e3:.1f} ms, "
@@ -211,6 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
         f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
         + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
+    return 0
+
+
+def fleet_main(counts: list[int], *, ticks: int, as_json: bool) -> int:
+    """Each N in a child process (`python -m loadtest.fleetscale`), so its memory is measured alone."""
+    import json
+    import subprocess
+    import sys
+
+    rows = []
+    for n in counts:
+        out = subprocess.run([sys.executable, "-m", "loadtest.fleetscale", str(n), str(ticks)], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+        rows.append(FleetFigures(**json.loads(out.strip().splitlines()[-1])))
+        if as_json:
+            print(out.strip().splitlines()[-1], flush=True)
+    if not as_json:
+        print(f"fleet controller, {ticks} ticks per N after warm-up ({rows[0].controller}):")
+        print(table(rows))
     return 0
 
 

@@ -90,9 +90,10 @@ def prometheus_binary() -> str:
 
 @contextlib.contextmanager
 def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int | None = None,
-               file_sd: Path | None = None):
+               file_sd: Path | None = None, honor_labels: bool = False):
     """Debian's Prometheus scraping `targets` (host:port), and those listed in the file_sd JSON `file_sd` (kept
-    current by whoever writes it), every `scrape_interval_s` (on `port`, or a free one)."""
+    current by whoever writes it), every `scrape_interval_s` (on `port`, or a free one). With `honor_labels`
+    the targets' own labels win (an exporter of many models labels each series with its namespace)."""
     port = port or free_port()
     interval = f"{round(scrape_interval_s * 1000)}ms"
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +105,7 @@ def prometheus(targets: list[str], *, scrape_interval_s: float = 1.0, port: int 
             f"  scrape_timeout: {interval}\n"
             "scrape_configs:\n"
             "  - job_name: model\n"
+            f"    honor_labels: {'true' if honor_labels else 'false'}\n"
             "    static_configs:\n"
             f"      - targets: {json.dumps(targets)}\n"
             "        labels: {namespace: llm}\n"
@@ -142,3 +144,32 @@ def wait_for_series(url: str, promql: str, predicate=lambda v: True, timeout_s: 
         time.sleep(0.25)
     raise TimeoutError(f"{promql} did not satisfy the condition within {timeout_s} s")
 
+
+
+def instant_queries_answered(url: str) -> float:
+    """Instant queries a Prometheus has answered so far (its own prometheus_http_requests_total, at the HTTP
+    level)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def exposition_handler(render):
+    """An HTTP handler answering every GET with the text exposition `render()` returns (a fake exporter)."""
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler

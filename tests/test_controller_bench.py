@@ -16,3 +16,17 @@ def test_controller_bench_runs_every_part(capsys):
                      r"simulated ticks \(1.25 h\); a second model's controller over as many ticks adds -?[\d.]+ MB",
                      out), out
 
+
+
+def test_the_fleet_scale_bench_runs_and_emits_its_figures(capsys):
+    """--targets 3: the real apiserver and Prometheus, the fleet controller through FleetPrometheus and KubeCache."""
+    import json
+
+    assert controller_bench.main(["--targets", "3", "--fleet-ticks", "2", "--json"]) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert {"targets", "tick_p50_ms", "tick_p99_ms", "cpu_s_per_tick", "promql_queries_per_tick",
+            "apiserver_requests_per_tick", "rss_mb"} <= set(row)
+    assert row["targets"] == 3 and row["models_decided_on_every_signal"] == 3
+    assert row["promql_queries_per_tick"] == row["signals"] == 7  # one query per signal, not per model
+    assert row["apiserver_requests_per_tick"] == 0 and row["apiserver_writes_per_tick"] == 0
+    assert 0 < row["tick_p50_ms"] <= row["tick_p99_ms"] and row["cpu_s_per_tick"] > 0 and row["rss_mb"] > 0

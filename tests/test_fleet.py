@@ -105,15 +105,23 @@ async def until(predicate, timeout_s=10.0):
 class Running:
     """A fleet controller in this process, its watch running, ticked by the test."""
 
-    def __init__(self, cluster, settings, hub):
-        self.cluster, self.settings, self.hub = cluster, settings, hub
+    def __init__(self, cluster, settings, hub, *, kubeconfig=None, cached=False, gate=None):
+        self.cluster, self.settings, self.hub, self.cached, self.gate = cluster, settings, hub, cached, gate
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.cache = None
 
     async def __aenter__(self):
-        self.kube = await Kube.connect(self.cluster.kubeconfig)
+        from autoscaler.kube.cache import KubeCache
+
+        self.kube = await Kube.connect(self.kubeconfig)
         self.session = aiohttp.ClientSession()
         parts, self.stop = Parts(), asyncio.Event()
+        if self.cached:  # the cluster read from watches (the fleet's ClusterCache)
+            self.cache = KubeCache(self.kube)
+            await self.cache.start()
+            assert await self.cache.wait_synced(20)
         self.fleet = build_fleet(self.settings, self.kube, self.session, identity="test", clock=SystemClock(),
-                                 parts=parts, hub=self.hub)
+                                 parts=parts, hub=self.hub, cache=self.cache, gate=self.gate)
         self.watch = self.fleet.objects
         self.task = asyncio.create_task(self.watch.run(self.stop))
         await asyncio.wait_for(self.watch.synced.wait(), 10)
@@ -123,6 +131,8 @@ class Running:
         self.stop.set()
         await self.task
         await asyncio.gather(*(m.stop() for m in self.fleet.models.values()))
+        if self.cache is not None:
+            await self.cache.stop()
         await self.session.close()
         await self.kube.close()
 
@@ -290,6 +300,11 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases/fleet-autoscaler", True),
     ("PUT", "/apis/coordination.k8s.io/v1/namespaces/any/leases/other", False),
     ("PATCH", "/api/v1/nodes/gpu-0", False),
+    ("GET", "/api/v1/pods?watch=true&timeoutSeconds=1", True),  # the cluster cache's watches
+    ("GET", "/apis/apps/v1/deployments?watch=true&timeoutSeconds=1", True),
+    ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
+    ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", True),  # shard and member Leases
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])
 def test_fleet_rbac_by_impersonation(cluster, fleet_installed, method, path, allowed):
     from test_deploy import impersonated
@@ -316,8 +331,8 @@ def test_fleet_overlay_runs_in_fleet_mode_and_its_service_account_controls_a_mod
     settings = Settings(**{**shipped.model_dump(exclude={"target"}), "mode": "actuate",
                            "fleet": {"enabled": True, "namespaces": []}, "leader_election": {"enabled": False},
                            "policy": {"tick_s": 5, "forecast_bucket_s": 60}})
-    run = Running(cluster, settings, hub)
-    run.cluster = type("SA", (), {"kubeconfig": service_account_kubeconfig(cluster, FLEET_NS, "sa-fleet")})()
+    run = Running(cluster, settings, hub, kubeconfig=service_account_kubeconfig(cluster, FLEET_NS, "sa-fleet"),
+                  cached=True)
 
     async def go():
         async with run:
@@ -448,6 +463,85 @@ def test_run_fleet_serves_health_and_each_models_metrics_and_scales_on_its_own_t
             assert "autoscaler_fleet_models 2.0" in text
             assert f'autoscaler_decided_replicas{{model_autoscaler="a",namespace="{ns}"}} 3.0' in text
             assert f'autoscaler_decided_replicas{{model_autoscaler="b",namespace="{ns}"}} 2.0' in text
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+
+    asyncio.run(go())
+
+
+def test_with_a_shard_gate_only_the_owned_models_are_scaled_and_their_status_written(cluster, crd, namespace):
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 40})
+
+    class Gate:
+        owned = {(ns, "a")}
+
+        def owns(self, key):
+            return key in self.owned
+
+        async def run(self, stop):
+            await stop.wait()
+
+    async def go():
+        async with Running(cluster, fleet_settings(ns), hub, gate=Gate()) as run:
+            await run.fleet.tick()
+            assert run.fleet.models[(ns, "b")].decision.replicas == 3  # decided (KEDA, admission), not applied
+            Gate.owned = {(ns, "a"), (ns, "b")}  # b's shard taken over: from the next tick on
+            assert [replicas(cluster, ns, n) for n in "ab"] == [3, 1]
+            assert "status" not in cluster.request("GET", objects_path(ns, "b"))[1]
+            await run.fleet.tick()
+            assert [replicas(cluster, ns, n) for n in "ab"] == [3, 3]
+            assert cluster.request("GET", objects_path(ns, "b"))[1]["status"]["replicas"] == 3
+
+    asyncio.run(go())
+
+
+def test_a_models_settings_come_from_the_process_config_without_its_queue_probe():
+    from autoscaler.crd import parse_spec, settings_for
+    from autoscaler.fleet.runtime import base_config
+
+    process = Settings(fleet={"enabled": True}, mode="keda", prometheus={"url": "http://prom:9090"},
+                       admission={"retry_after_s": 9}, keda={"port": 9999})
+    assert process.admission.queue_probe_interval_s == 1.0
+    one = settings_for(namespace="llm", spec=parse_spec(model("a")["spec"]), base=base_config(process))
+    assert one.target.name == "a" and one.mode.value == "keda" and one.keda.port == 9999
+    assert one.admission.retry_after_s == 9 and one.admission.queue_probe_interval_s is None
+    assert one.prometheus.url == "http://prom:9090" and not one.fleet.enabled
+
+
+def test_run_fleet_in_keda_mode_serves_every_model_from_one_grpc_port(cluster, crd, namespace):
+    from autoscaler.fleet.runtime import run_fleet
+
+    ns = namespace
+    create(cluster, ns, ["a", "b"])
+    hub = Hub({(ns, "a"): 40, (ns, "b"): 20})
+    grpc_port = free_port()
+    settings = Settings(**{**fleet_settings(ns, mode="keda").model_dump(exclude={"target"}), "http_port": free_port(),
+                           "keda": {"port": grpc_port}, "admission": {"enabled": False}})
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_fleet(settings, kubeconfig=cluster.kubeconfig, host="127.0.0.1", stop=stop,
+                                             hub=hub))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = pb_grpc.ExternalScalerStub(channel)
+                answers = {}
+                deadline = time.monotonic() + 20
+                while len(answers) < 2:
+                    assert time.monotonic() < deadline, answers
+                    for name in ("a", "b"):
+                        ref = pb.ScaledObjectRef(name=f"so-{name}", namespace=ns,
+                                                 scalerMetadata={"modelAutoscaler": name})
+                        try:
+                            reply = await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref))
+                            answers[name] = reply.metricValues[0].metricValueFloat
+                        except grpc.aio.AioRpcError as err:  # not served yet, or no decision yet
+                            assert err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+                    await asyncio.sleep(0.2)
+            assert answers == {"a": 3.0, "b": 2.0}
         finally:
             stop.set()
             await asyncio.wait_for(task, 20)

@@ -4,7 +4,7 @@ through real PromQL (Debian's Prometheus scraping an exposition of `llm_d_epp_fl
 import asyncio
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import aiohttp
 import pytest
@@ -13,6 +13,7 @@ from autoscaler.config import Settings
 from autoscaler.presets import queries
 from autoscaler.signals.prometheus import PrometheusSource
 
+from loadtest.realservers import exposition_handler
 from servers import prometheus, wait_for_series
 
 # The endpoint picker's gauge, one series per flow-control queue (fairness id x priority) of each pool.
@@ -33,19 +34,7 @@ def epp():
     """An HTTP /metrics with the exposition; `held` sets the llama pool's two queues."""
     held = {"a": 3, "b": 2}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = EXPOSITION.format(**held).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), exposition_handler(lambda: EXPOSITION.format(**held)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with prometheus([f"127.0.0.1:{server.server_port}"]) as prom:

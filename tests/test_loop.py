@@ -124,6 +124,16 @@ def test_shadow_keda_and_followers_write_nothing(mode, leader):
     assert c.scaler.calls == [] and c.warm_pool.calls == [] and cluster.replicas == 2  # ...but not written
 
 
+def test_a_lease_that_ends_during_the_tick_stops_the_writes_after_it():
+    """The Lease (a shard's, fenced by time) is checked again right before each write, not only once per tick:
+    one that ends while the tick decides or warns writes neither the scale nor the warm pool."""
+    c, cluster = controller()
+    answers = iter([True])  # held at the tick's check, ended by the time of the writes
+    c.is_leader = lambda: next(answers, False)
+    ticks(c, 1)
+    assert c.scaler.calls == [] and c.warm_pool.calls == [] and cluster.replicas == 2
+
+
 def test_prometheus_down_holds_and_is_counted():
     c, cluster = controller(replicas=12)
     ticks(c, 2)

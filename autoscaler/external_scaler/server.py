@@ -39,6 +39,9 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         """The board of the ScaledObject `ref` names (aborts the call when there is none)."""
         if not ref.name or not ref.namespace:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ScaledObjectRef needs a name and a namespace")
+        return await self._board(ref, context)
+
+    async def _board(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> DecisionBoard:
         if (ref.namespace, ref.name) != (self.namespace, self.scaled_object):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,

@@ -97,6 +97,8 @@ class FleetController:
         for key in [k for k in self.models if k not in desired or desired[k].settings is None]:
             model = self.models.pop(key)
             await model.stop()
+            if self.builder.readers.forget is not None:
+                self.builder.readers.forget(key)
             if self.status is not None and key not in self.invalid:
                 self.status.forget(key)
             log.info("model stopped", model=f"{key[0]}/{key[1]}")

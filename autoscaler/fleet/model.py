@@ -25,8 +25,8 @@ from autoscaler.kube.events import EventRecorder
 from autoscaler.kube.pooledwarm import PooledWarmPool
 from autoscaler.loop import ClusterSource, Controller, PriorityCounter, SampleSource
 from autoscaler.metrics import ControllerMetrics
-from autoscaler.runtime import (Parts, build_admission, build_cluster_reader, build_scaler, build_sources,
-                                build_warm_pool, decision_board)
+from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
+from autoscaler.runtime import Parts, build_admission, build_scaler, build_sources, decision_board
 from autoscaler.signals.prometheus import PrometheusSource
 from policies import Decision, initial_state
 
@@ -39,6 +39,7 @@ class Readers:
 
     source: Callable[[Key], SampleSource] | None = None
     cluster: Callable[[Key, Settings], ClusterSource] | None = None
+    forget: Callable[[Key], None] | None = None  # a model's object was deleted: drop what the cache keeps
 
 
 @dataclass

@@ -37,9 +37,7 @@ class FleetScaler(ExternalScaler):
         self.metric_name = metric_name
         self.on_unknown = on_unknown
 
-    async def _check(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> DecisionBoard:
-        if not ref.name or not ref.namespace:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ScaledObjectRef needs a name and a namespace")
+    async def _board(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> DecisionBoard:
         name = ref.scalerMetadata.get(MODEL_METADATA) or ref.name
         model = self.fleet.models.get((ref.namespace, name))
         if model is None:

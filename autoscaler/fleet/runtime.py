@@ -33,26 +33,31 @@ from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
 from autoscaler.kube.pooledwarm import PooledWarmPool
+from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
 from policies.fleet import Budgets
-from autoscaler.runtime import Parts, _on_signals, _serve, health_app, stop_servers
 
 DEFAULT_LEASE = "inference-autoscaler-fleet"
 
 
 def base_config(settings: Settings) -> dict[str, Any]:
-    """The process's config as the base of each model's settings (its own target and fleet section aside)."""
-    return settings.model_dump(mode="json", exclude={"target", "fleet"})
+    """The process's config as the base of each model's settings (its own target and fleet section aside).
+    The admission queue probe is off: it lists a model's pods every second, which at hundreds of models would
+    be hundreds of apiserver requests a second; the saturation guard reads the tick's queue depth instead."""
+    base = settings.model_dump(mode="json", exclude={"target", "fleet"})
+    base["admission"]["queue_probe_interval_s"] = None
+    return base
 
 
 def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str, clock: Clock,
                 parts: Parts, hub: SignalHub | None = None, cache: ClusterCache | None = None,
-                gate: ShardGate | None = None) -> FleetController:
+                gate: ShardGate | None = None, metrics: FleetMetrics | None = None) -> FleetController:
     """The fleet controller and its background tasks (the watch, the Lease or the shard gate) in `parts`."""
-    metrics = FleetMetrics()
+    metrics = metrics or FleetMetrics()
     watch = ObjectWatch(kube, namespaces=tuple(settings.fleet.namespaces), base=base_config(settings), clock=clock,
                         on_error=lambda exc: metrics.errors.labels(exc.kind).inc())
     readers = Readers(source=hub.source if hub is not None else None,
-                      cluster=cache.cluster_source if cache is not None else None)
+                      cluster=cache.cluster_source if cache is not None else None,
+                      forget=getattr(cache, "forget", None))
     fleet = FleetController(
         settings=settings, objects=watch, metrics=metrics, hub=hub, gate=gate,
         builder=ModelBuilder(kube, session, identity, clock, readers=readers),
@@ -93,6 +98,24 @@ def build_step(settings: Settings, kube: Kube) -> FleetStep | None:
                      pooled=pooled)
 
 
+def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession, *, identity: str,
+              clock: Clock, metrics: FleetMetrics) -> tuple[SignalHub | None, ClusterCache, ShardGate | None]:
+    """The fleet's shared readers from the config: one PromQL query per signal for the fleet when Prometheus
+    is configured, the cluster from watches, and shard Leases when `fleet.shards` > 0."""
+    from autoscaler.fleet.promql import FleetPrometheus
+    from autoscaler.fleet.shards import ShardLeases
+    from autoscaler.kube.cache import KubeCache
+
+    hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
+    gate = None
+    if settings.fleet.shards > 0:
+        le = settings.leader_election
+        gate = ShardLeases(kube, namespace=lease_namespace(settings), identity=identity, shards=settings.fleet.shards,
+                           lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                           retry_period_s=le.retry_period_s, clock=clock, registry=metrics.registry)
+    return hub, KubeCache(kube), gate
+
+
 def lease_namespace(settings: Settings) -> str:
     return settings.fleet.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
 
@@ -119,7 +142,10 @@ async def start_fleet_servers(settings: Settings, fleet: FleetController, *, hos
 
 async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: str = "0.0.0.0",
                     stop: asyncio.Event | None = None, clock: Clock | None = None, hub: SignalHub | None = None,
-                    cache: ClusterCache | None = None, gate: ShardGate | None = None) -> None:
+                    cache: ClusterCache | None = None, gate: ShardGate | None = None,
+                    shared: bool = True) -> None:
+    """Until `stop` (or SIGTERM). `shared`: the readers not given come from the config (`shared_io`); False:
+    each model reads as the single mode does, save those given."""
     stop = stop or asyncio.Event()
     clock = clock or SystemClock()
     _on_signals(stop)
@@ -128,21 +154,20 @@ async def run_fleet(settings: Settings, *, kubeconfig: str | None = None, host: 
     session = aiohttp.ClientSession()
     parts = Parts()
     log = structlog.get_logger("autoscaler")
+    metrics = FleetMetrics()
     try:
+        if shared:
+            default_hub, default_cache, default_gate = shared_io(settings, kube, session, identity=identity,
+                                                                 clock=clock, metrics=metrics)
+            hub, cache, gate = hub or default_hub, cache or default_cache, gate or default_gate
         if cache is not None:
             await cache.start()
         fleet = build_fleet(settings, kube, session, identity=identity, clock=clock, parts=parts, hub=hub,
-                            cache=cache, gate=gate)
+                            cache=cache, gate=gate, metrics=metrics)
         await start_fleet_servers(settings, fleet, host=host, clock=clock, parts=parts)
         log.info("started", fleet=True, namespaces=settings.fleet.namespaces or "all", mode=settings.mode.value,
                  identity=identity)
-        tasks = [asyncio.create_task(task(stop)) for task in parts.tasks]
-        try:
-            await stop.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        await run_tasks(parts, stop)
     finally:
         await stop_servers(parts)
         if cache is not None:

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from autoscaler.errors import PermanentError
-from autoscaler.kube.capacity import LIVE, Shape
+from autoscaler.kube.capacity import Shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, parse_quantity
+from autoscaler.kube.reads import ApiReads, ClusterReads
 from autoscaler.kube.warmpool import WARM_POOL_LABEL
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -103,8 +104,9 @@ def _admitted(pod) -> bool:
 
 class BudgetReader:
     def __init__(self, kube: Kube, *, namespace: str, max_gpus: int | None, namespace_max_gpus: int | None,
-                 kueue: bool, kueue_version: str) -> None:
+                 kueue: bool, kueue_version: str, reads: ClusterReads | None = None) -> None:
         self.kube, self.namespace = kube, namespace
+        self.reads = reads or ApiReads(kube)
         self.max_gpus, self.namespace_max_gpus = max_gpus, namespace_max_gpus
         self.kueue, self.kueue_version = kueue, kueue_version
 
@@ -118,9 +120,8 @@ class BudgetReader:
         return None
 
     async def _namespace_others(self, resource: str, own: set[str]) -> Decimal:
-        pods = await self.kube.call(f"list pods {self.namespace}", self.kube.core.list_namespaced_pod,
-                                    self.namespace, field_selector=LIVE)
-        return sum((_gpus(p, resource) for p in pods.items if p.metadata.uid not in own
+        pods = await self.reads.live_pods(self.namespace)
+        return sum((_gpus(p, resource) for p in pods if p.metadata.uid not in own
                     and WARM_POOL_LABEL not in (p.metadata.labels or {})), Decimal(0))
 
     async def _kueue(self, queue: str, resource: str, ours: Decimal) -> tuple[Decimal, str]:

@@ -29,6 +29,7 @@ import structlog
 from autoscaler.errors import EdgeError
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, field_of, parse_quantity
+from autoscaler.kube.reads import ApiReads, ClusterReads
 
 log = structlog.get_logger("autoscaler")
 
@@ -36,7 +37,6 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 GPU_PREFIXES = ("nvidia.com/mig-", "gpu.intel.com/")
 NODE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "nvidia.com/gpu.product")
 HOSTNAME = "kubernetes.io/hostname"
-LIVE = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def is_gpu_resource(name: str) -> bool:
@@ -220,8 +220,10 @@ class NodeReader:
     """Reads nodes and the pods bound to them, and returns the idle slots for a template; with `prices`
     (per GPU-hour by node type, `default` for the rest), what the target's GPUs cost per hour."""
 
-    def __init__(self, kube: Kube, *, prices: dict[str, float] | None = None) -> None:
+    def __init__(self, kube: Kube, *, prices: dict[str, float] | None = None,
+                 reads: ClusterReads | None = None) -> None:
         self.kube = kube
+        self.reads = reads or ApiReads(kube)
         self.prices = prices or {}
         self._warned = False
 
@@ -229,13 +231,12 @@ class NodeReader:
         if not shape.requests:
             return NodeRoom()
         try:
-            nodes = await self.kube.call("list nodes", self.kube.core.list_node)
-            pods = await self.kube.call("list pods in all namespaces", self.kube.core.list_pod_for_all_namespaces,
-                                        field_selector=LIVE)
+            nodes = await self.reads.nodes()
+            pods = await self.reads.live_pods(None)
         except EdgeError as exc:
             if not self._warned:
                 log.warning("idle node slots unknown, taken as 0", error=str(exc))
                 self._warned = True
             return NodeRoom()
         self._warned = False
-        return node_room(nodes.items, pods.items, template, shape, ours=ours, prices=self.prices, namespace=namespace)
+        return node_room(nodes, pods, template, shape, ours=ours, prices=self.prices, namespace=namespace)

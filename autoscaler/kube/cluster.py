@@ -35,6 +35,7 @@ from autoscaler.kube.capacity import NodeReader, NodeRoom, replica_shape
 from autoscaler.kube.client import Kube, object_time
 from autoscaler.kube.nodewaits import NodeWaits
 from autoscaler.kube.pods import PodFacts, pod_facts
+from autoscaler.kube.reads import ApiReads, ClusterReads, label_selector  # noqa: F401 - label_selector re-exported
 from autoscaler.kube.warmpool import WARM_POOL_LABEL, WarmPool
 from policies.types import ClusterState
 
@@ -48,10 +49,6 @@ def provisioner_cannot(reason: str | None, source: str) -> bool:
     """Whether an Event about a pod is a provisioner saying it cannot place it (the scheduler's own
     FailedScheduling says nothing about provisioning)."""
     return reason in NO_CAPACITY_REASONS and source != SCHEDULER
-
-
-def label_selector(match_labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
 @dataclass(frozen=True)
@@ -86,33 +83,28 @@ def startup_s(pod: PodFacts) -> float | None:
 class ClusterReader:
     def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool: WarmPool | None = None,
                  nodes: NodeReader | None = None, budget: BudgetReader | None = None,
-                 gpu_resource: str | None = None) -> None:
+                 gpu_resource: str | None = None, reads: ClusterReads | None = None) -> None:
         """`warm_pool`: the warm pool backend, or None; `nodes`, `budget`: the capacity model's readers (None:
-        no idle slots counted, no budget)."""
+        no idle slots counted, no budget); `reads`: where the items come from (default: the API, per read)."""
         self.kube = kube
+        self.reads = reads or ApiReads(kube)
         self.namespace, self.kind, self.name = namespace, kind, name
         self.warm_pool = warm_pool
         self.nodes, self.budget, self.gpu_resource = nodes, budget, gpu_resource
         self._reported: set[str] = set()
-        self.node_waits = NodeWaits(kube)
+        self.node_waits = NodeWaits(kube, reads=self.reads)
         self._capped: set[str] = set()  # uids of pods a provisioner said it could not place
         self._template = None  # the pod template seen by the latest read, for the warm pool
 
     async def _workload(self):
-        read = (self.kube.apps.read_namespaced_deployment if self.kind == "Deployment"
-                else self.kube.apps.read_namespaced_stateful_set)
-        return await self.kube.call(f"read {self.kind} {self.namespace}/{self.name}", read, self.name, self.namespace)
+        return await self.reads.workload(self.namespace, self.kind, self.name)
 
     async def _no_capacity(self, waiting: dict[str, float | None], now: float) -> tuple[set[str], str]:
         """Which of the waiting pods a provisioner said it cannot place (recently), and what it said."""
         if not waiting:
             return set(), ""
-        events = await self.kube.call(
-            f"list events {self.namespace}", self.kube.core.list_namespaced_event, self.namespace,
-            field_selector="involvedObject.kind=Pod",
-        )
         stuck, message = set(), ""
-        for event in events.items:
+        for event in await self.reads.pod_events(self.namespace):
             source = (event.source.component if event.source else None) or event.reporting_component or ""
             name = event.involved_object.name if event.involved_object else None
             if name not in waiting or not provisioner_cannot(event.reason, source):
@@ -176,11 +168,7 @@ class ClusterReader:
         self._template = workload.spec.template
         spec_replicas = workload.spec.replicas if workload.spec.replicas is not None else 1
         ready = (workload.status.ready_replicas or 0) if workload.status else 0
-        selector = label_selector(workload.spec.selector.match_labels or {})
-        listed = (await self.kube.call(
-            f"list pods {self.namespace} {selector}", self.kube.core.list_namespaced_pod, self.namespace,
-            label_selector=selector,
-        )).items
+        listed = await self.reads.pods(self.namespace, workload.spec.selector.match_labels or {})
         pods = [pod_facts(p) for p in listed]
         durations = self._startups(pods)
         waiting = {p.name: p.created_s for p in pods if p.unschedulable}

@@ -22,6 +22,7 @@ from autoscaler.errors import EdgeError, PermanentError
 from autoscaler.kube.capacity import node_type
 from autoscaler.kube.client import Kube, object_time
 from autoscaler.kube.pods import PodFacts
+from autoscaler.kube.reads import ApiReads, ClusterReads
 
 log = structlog.get_logger("autoscaler")
 
@@ -29,8 +30,9 @@ NODE_READS_PER_TICK = 8
 
 
 class NodeWaits:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, reads: ClusterReads | None = None) -> None:
         self.kube = kube
+        self.reads = reads or ApiReads(kube)
         self._counted: set[str] = set()  # pods already looked at (by uid)
         self._nodes: dict[str, tuple[float | None, str]] = {}  # node name -> (created, type)
         self._warned = False
@@ -43,7 +45,7 @@ class NodeWaits:
                 return None
             self._reads += 1
             try:
-                node = await self.kube.call(f"get node {name}", self.kube.core.read_node, name)
+                node = await self.reads.node(name)
             except EdgeError as exc:
                 self._forbidden = isinstance(exc, PermanentError) and exc.kind == "forbidden"
                 if not self._warned:

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Protocol
 from autoscaler.errors import PermanentError
 from autoscaler.kube.client import Kube, with_backoff
 from autoscaler.kube.quantity import effective_resources, format_quantity
+from autoscaler.kube.reads import ApiReads, ClusterReads
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "inference-autoscaler"}
 WARM_POOL_LABEL = "inference-autoscaler/warm-pool"  # value: the pool's name
@@ -95,8 +96,12 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
 
 class PlaceholderPool:
     def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
-                 pause_image: str, max_slots: int, labels: Mapping[str, str] | None = None) -> None:
+                 pause_image: str, max_slots: int, reads: ClusterReads | None = None,
+                 labels: Mapping[str, str] | None = None) -> None:
+        """`reads`: where `ready` reads the pool's Deployment (default: the API); `labels`: more labels for the
+        Deployment and its pods."""
         self.kube = kube
+        self.reads = reads or ApiReads(kube)
         self.namespace, self.name = namespace, name
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
         self.labels = dict(labels or {})
@@ -132,8 +137,7 @@ class PlaceholderPool:
 
     async def ready(self) -> int:
         try:
-            pool = await self.kube.call(f"read warm pool {self.name}", self.kube.apps.read_namespaced_deployment,
-                                        self.name, self.namespace)
+            pool = await self.reads.workload(self.namespace, "Deployment", self.name)
         except PermanentError as exc:
             if exc.kind != "not_found":
                 raise

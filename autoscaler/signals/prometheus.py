@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
+from typing import Awaitable, Hashable, Mapping, TypeVar
 
 import aiohttp
 
 from autoscaler.errors import PermanentError, TransientError
 from policies.types import Sample
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 
 @dataclass
@@ -24,8 +28,8 @@ class QueryResult:
     errors: dict[str, Exception] = field(default_factory=dict)
 
 
-def parse_vector(body: object, query: str) -> Sample | None:
-    """An instant-query response -> one Sample, or None when no series matched."""
+def vector_series(body: object, query: str) -> list:
+    """The series of an instant-query response (a scalar as one series), checked for shape."""
     if not isinstance(body, dict):
         raise PermanentError(f"query {query!r}: response is not a JSON object", kind="bad_response")
     if body.get("status") != "success":
@@ -38,57 +42,85 @@ def parse_vector(body: object, query: str) -> Sample | None:
         result = [{"value": result}]
     if not isinstance(result, list):
         raise PermanentError(f"query {query!r}: 'result' is not a list", kind="bad_response")
+    return result
+
+
+def series_sample(series: object, query: str) -> Sample:
+    """One series' (time, value) pair as a Sample ("NaN" stays NaN)."""
+    try:
+        t, v = series["value"]  # type: ignore[index]
+        return Sample(float(v), float(t))
+    except (KeyError, TypeError, ValueError):
+        raise PermanentError(f"query {query!r}: malformed sample {series!r}", kind="bad_response") from None
+
+
+def parse_vector(body: object, query: str) -> Sample | None:
+    """An instant-query response -> one Sample, or None when no series matched."""
+    result = vector_series(body, query)
     if not result:
         return None
     total, at = 0.0, -math.inf
     for series in result:
-        try:
-            t, v = series["value"]
-            total += float(v)
-            at = max(at, float(t))
-        except (KeyError, TypeError, ValueError):
-            raise PermanentError(f"query {query!r}: malformed sample {series!r}", kind="bad_response") from None
+        sample = series_sample(series, query)
+        total += sample.value
+        at = max(at, sample.at_s)
     return Sample(total, at)
+
+
+async def instant_query(session: aiohttp.ClientSession, url: str, query: str, *, now: float,
+                        timeout: aiohttp.ClientTimeout) -> object:
+    """The JSON body of one instant query at `now` (`url` ends in /api/v1/query); HTTP and network failures
+    become the edge error kinds."""
+    try:
+        async with session.get(url, params={"query": query, "time": f"{now:.3f}"}, timeout=timeout) as response:
+            if response.status >= 500 or response.status == 429:
+                raise TransientError(f"query {query!r}: HTTP {response.status}", kind="prometheus_unavailable")
+            try:
+                body = await response.json(content_type=None)
+            except (aiohttp.ContentTypeError, ValueError):
+                raise PermanentError(f"query {query!r}: HTTP {response.status}, not JSON",
+                                     kind="bad_response") from None
+            if response.status >= 400 and (not isinstance(body, dict) or body.get("status") != "error"):
+                raise PermanentError(f"query {query!r}: HTTP {response.status}", kind="query_error")
+            return body
+    except asyncio.TimeoutError:
+        raise TransientError(f"query {query!r}: timed out", kind="prometheus_timeout") from None
+    except aiohttp.ClientError as exc:
+        raise TransientError(f"query {query!r}: {exc}", kind="prometheus_unavailable") from None
+
+
+def query_url(base: str) -> str:
+    return base.rstrip("/") + "/api/v1/query"
 
 
 class PrometheusSource:
     def __init__(self, session: aiohttp.ClientSession, url: str, queries: dict[str, str], *, timeout_s: float) -> None:
         self.session = session
-        self.url = url.rstrip("/") + "/api/v1/query"
+        self.url = query_url(url)
         self.queries = queries
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def _one(self, query: str, now: float) -> Sample | None:
-        try:
-            async with self.session.get(self.url, params={"query": query, "time": f"{now:.3f}"},
-                                        timeout=self.timeout) as response:
-                if response.status >= 500 or response.status == 429:
-                    raise TransientError(f"query {query!r}: HTTP {response.status}", kind="prometheus_unavailable")
-                try:
-                    body = await response.json(content_type=None)
-                except (aiohttp.ContentTypeError, ValueError):
-                    raise PermanentError(
-                        f"query {query!r}: HTTP {response.status}, not JSON", kind="bad_response"
-                    ) from None
-                if response.status >= 400 and body.get("status") != "error":
-                    raise PermanentError(f"query {query!r}: HTTP {response.status}", kind="query_error")
-                return parse_vector(body, query)
-        except asyncio.TimeoutError:
-            raise TransientError(f"query {query!r}: timed out", kind="prometheus_timeout") from None
-        except aiohttp.ClientError as exc:
-            raise TransientError(f"query {query!r}: {exc}", kind="prometheus_unavailable") from None
+        body = await instant_query(self.session, self.url, query, now=now, timeout=self.timeout)
+        return parse_vector(body, query)
 
     async def collect(self, now: float) -> QueryResult:
-        names = list(self.queries)
-        answers = await asyncio.gather(*(self._one(self.queries[n], now) for n in names), return_exceptions=True)
-        result = QueryResult()
-        for name, answer in zip(names, answers):
-            if isinstance(answer, asyncio.CancelledError):
-                raise answer
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, Exception):
-                    raise answer
-                result.errors[name] = answer
-            elif answer is not None:
-                result.samples[name] = answer
-        return result
+        samples, errors = await gather_named({n: self._one(q, now) for n, q in self.queries.items()})
+        return QueryResult(samples={n: s for n, s in samples.items() if s is not None}, errors=errors)
+
+
+async def gather_named(calls: Mapping[K, Awaitable[T]]) -> tuple[dict[K, T], dict[K, Exception]]:
+    """Await `calls` concurrently: (answers, errors) by name. Cancellation and non-Exception errors propagate."""
+    names = list(calls)
+    results = await asyncio.gather(*(calls[n] for n in names), return_exceptions=True)
+    answers: dict[K, T] = {}
+    errors: dict[K, Exception] = {}
+    for name, answer in zip(names, results):
+        if isinstance(answer, asyncio.CancelledError) or (isinstance(answer, BaseException)
+                                                          and not isinstance(answer, Exception)):
+            raise answer
+        if isinstance(answer, Exception):
+            errors[name] = answer
+        else:
+            answers[name] = answer
+    return answers, errors
