@@ -8,6 +8,10 @@ only while this replica leads, applies it: replicas through the scale subresourc
 Event for every scaling action. Errors are counted by kind and logged; nothing escapes the tick but
 cancellation.
 
+A tick is two halves, `decide` (collect, decide) and `finish` (publish, record, apply), so that the fleet
+controller can decide every model, then decide the fleet together (`autoscaler/fleet/allocation.py`), then
+finish each model with its share; `tick` is both halves at once.
+
 Scale to zero: a request held at the admission endpoint sets the board's `wake`, which the loop's sleep
 waits on: the next tick starts at once (KEDA's StreamIsActive has said active already; in actuate mode the
 scale write follows within the tick). The held count is the `held_requests` signal (`reports_held`), and
@@ -88,6 +92,15 @@ class PriorityCounter:
         return {k: (v - last[1].get(k, 0)) / dt for k, v in snapshot.items()}
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A tick between deciding and finishing: its time, what was read, and the decision."""
+
+    now: float
+    signals: Signals
+    decision: Decision
+
+
 @dataclass
 class Controller:
     settings: Settings
@@ -153,11 +166,20 @@ class Controller:
 
     async def tick(self) -> Decision:
         started = time.perf_counter()
-        now = self.clock.now()
+        return await self.finish(await self.decide(self.clock.now()), started_s=started)
+
+    async def decide(self, now: float) -> Decided:
+        """The first half of a tick: collect the signals and decide (nothing published or applied yet)."""
         signals = await self.collect(now)
         # In a worker thread: a scheduled statsmodels refit takes up to about a second on a week of history,
         # during which the admission endpoint and the probe on this event loop must keep answering.
         decision, self.state = await asyncio.to_thread(decide, self.settings.policy, self.state, signals, now)
+        return Decided(now, signals, decision)
+
+    async def finish(self, decided: Decided, *, started_s: float) -> Decision:
+        """The second half: publish, record and (actuate mode, leader) apply `decided.decision`, which a fleet
+        step may have changed since `decide`."""
+        now, signals, decision = decided.now, decided.signals, decided.decision
         cluster = signals.cluster
         current = cluster.spec_replicas if cluster else None
         leader = self.is_leader()
@@ -177,7 +199,7 @@ class Controller:
                  shed=dict(decision.shed), lead_time_s=decision.lead_time_s, reasons=list(decision.reasons))
         if self.settings.mode == Mode.actuate and leader and decision.valid:
             await self._bounded(self.act(decision, now), "actuate", self.settings.deadline_s)
-        self.metrics.loop.observe(time.perf_counter() - started)
+        self.metrics.loop.observe(time.perf_counter() - started_s)
         self.last_tick_s = now
         return decision
 

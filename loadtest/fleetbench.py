@@ -2,7 +2,7 @@
 
     python -m loadtest.bench --fleet PATH[:tier[:weight]],... [--gpu-limit N | P%] [--hours H]
                              [--policies fleet,predictive,hpa,keda,clairvoyant] [--peak-replicas R]
-                             [--warm-hold-s S] [--json]
+                             [--warm-hold-s S] [--levels tier-major|class-major] [--json]
 
 Every trace is replayed from t = 0, all cut at H hours or at the end of the shortest, whichever is first,
 each scaled so that its busiest minute (window) needs `--peak-replicas` replicas, split 20/50/30 % into
@@ -14,6 +14,8 @@ Policies, each on the same workloads and the same simulated cluster model (1-GPU
 start-up and node provisioning as in the single-model benchmark):
 - `fleet`: every model's own `decide` (unchanged), then `policies.fleet.allocate` on the shared limit:
   levels (tier, class) in order, weighted fair share, pooled warm slots (apportioned back to the models);
+  `--levels class-major` serves every tier's critical class before any tier's standard (default tier-major:
+  all of tier 0's classes before tier 1's);
 - `predictive`: `decide` per model with a fixed share of the limit in proportion to its peak need (its
   budget, as a config cap reaches `decide`), each with its own warm pool;
 - `hpa`, `keda`: per model; pods beyond the limit wait for a node, first come first served;
@@ -176,7 +178,15 @@ def shares(models: list[Model], limit: int) -> dict[str, int]:
     return out
 
 
-def _starts(models: list[Model], policy: str, limit: int, fixed: dict[str, int]) -> dict[str, int]:
+def fleet_spec(models: list[Model], *, levels: str = "tier-major", warm_hold_s: float = 0.0) -> FleetSpec:
+    """The fleet decision's spec: `levels` tier-major (the default order) or class-major."""
+    tiers = sorted({m.tier for m in models})
+    order = tuple((t, c) for c in CLASSES for t in tiers) if levels == "class-major" else ()
+    return FleetSpec(classes=CLASSES, levels=order, warm_stabilization_s=warm_hold_s)
+
+
+def _starts(models: list[Model], policy: str, limit: int, fixed: dict[str, int], spec: FleetSpec
+            ) -> dict[str, int]:
     """Replicas each model starts with, ready: what its first cold start needs; under a limit, what the policy
     would give that need (the fleet decision for `fleet`, the peak-proportional share for the others)."""
     need = {m.name: initial_replicas(m.needed, m.config) for m in models}
@@ -187,7 +197,7 @@ def _starts(models: list[Model], policy: str, limit: int, fixed: dict[str, int])
     mix = dict(zip(CLASSES, DEFAULT_MIX))
     demands = [ModelDemand(m.name, class_demand(Decision(replicas=need[m.name]), mix, CLASSES), tier=m.tier,
                            weight=m.weight) for m in models]
-    allocation, _ = allocate(FleetSpec(classes=CLASSES), demands, Budgets(fleet_gpus=limit), FleetState(), 0.0)
+    allocation, _ = allocate(spec, demands, Budgets(fleet_gpus=limit), FleetState(), 0.0)
     return {n: a.replicas for n, a in allocation.models.items()}
 
 
@@ -304,12 +314,13 @@ def _serve(m: Model, now: float, tick_s: float) -> None:
     _tick_top_missed(m, before)
 
 
-def simulate(policy: str, models: list[Model], *, limit: int, n: int, warm_hold_s: float = 0.0) -> dict:
-    """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `warm_hold_s`:
-    the fleet decision's `warm_stabilization_s`."""
+def simulate(policy: str, models: list[Model], *, limit: int, n: int, spec: FleetSpec | None = None) -> dict:
+    """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `spec`: the fleet
+    decision's (`fleet_spec`: tier-major, no warm hold, by default)."""
     rules = _Rules(policy, limit, shares(models, limit) if limit else {})
-    _reset(models, policy, _starts(models, policy, limit, rules.fixed))
-    fleet_state, fleet_spec = FleetState(), FleetSpec(classes=CLASSES, warm_stabilization_s=warm_hold_s)
+    spec = spec or fleet_spec(models)
+    _reset(models, policy, _starts(models, policy, limit, rules.fixed, spec))
+    fleet_state = FleetState()
     tick_s = models[0].config.tick_s
     for tick in range(n):
         now = tick * tick_s
@@ -320,7 +331,7 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int, warm_hold_
         allocation = None
         if policy == "fleet":
             allocation, fleet_state = allocate(
-                fleet_spec, [_demand(m, decisions[m.name], signals[m.name]) for m in models],
+                spec, [_demand(m, decisions[m.name], signals[m.name]) for m in models],
                 Budgets(fleet_gpus=limit or None), fleet_state, now)
         _apply(models, _targets(models, decisions, allocation), decisions, rules, now)
         for m in models:
@@ -467,6 +478,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--warm-hold-s", type=float, default=0.0,
                    help="fleet: the pooled warm slots shrink only to their largest size within this window")
+    p.add_argument("--levels", choices=("tier-major", "class-major"), default="tier-major",
+                   help="fleet: the order of the (tier, class) levels")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -509,7 +522,8 @@ def run_fleet(args: argparse.Namespace) -> dict:
             gpus = max(1, math.floor(ratio * clairvoyant["peak_gpus"]))
     if not args.warm_hold_s >= 0:
         raise ConfigError(f"--warm-hold-s {args.warm_hold_s:g}: expected seconds >= 0")
-    rows = [simulate(p, models, limit=gpus, n=n, warm_hold_s=args.warm_hold_s)
+    spec = fleet_spec(models, levels=args.levels, warm_hold_s=args.warm_hold_s)
+    rows = [simulate(p, models, limit=gpus, n=n, spec=spec)
             for p in names if p != "clairvoyant"] + rows
     return {"gpu_limit": gpus, "hours": round(n * args.tick_s / 3600.0, 3), "ticks": n, "policies": rows}
 

@@ -15,8 +15,18 @@ tier-major (tier 0 critical, tier 0 standard, tier 0 sheddable, tier 1 critical,
 explicit list (`FleetSpec.levels`, e.g. class-major: every tier's critical before any standard). Before
 the levels, each model's `nominal_gpus` (a Kueue-style guaranteed quota, 0 by default) is served: the
 stretch towards cohort semantics (nominal guaranteed, the rest borrowed while nobody with a claim needs
-it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed the next tick they do, since every tick
-allocates afresh; what a reclaim costs, a drain and a start-up, is not weighed yet).
+it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed when they do).
+
+Reclaim cost. Taking a borrowed GPU back costs the borrower a drain (its replica stops serving, its
+in-flight requests finish: `drain_s`) and gives the lender a replica only after its start-up (`lead_time_s`).
+A claim that ends sooner than that serves nobody and costs the borrower its replica. So a nominal claim
+is served first from GPUs nobody held last tick (and from the claimant's own replicas). It takes GPUs
+that another model held last tick and still wants only once the claim has gone unserved for its reclaim
+horizon: the claimant's lead time plus the longest drain of the other models. This is the rule that
+bursts shorter than the cold start are queued or shed, not provisioned for, applied to reclaims. With both
+at 0 (the defaults) a reclaim is immediate. Once due, the allocation is the immediate one (a hypothesis
+property): the delay only postpones. Priority between levels is never delayed: a higher level's claim
+takes a lower level's GPUs at once.
 
 Fair share within a level: weighted max-min in whole replicas, by progressive filling. The next replica
 goes to the model with unmet demand at this level whose GPUs at this level divided by its weight are
@@ -103,6 +113,7 @@ class ModelDemand:
     borrowing_limit_gpus: int | None = None
     sheddable: tuple[str, ...] = ("sheddable",)
     shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
+    drain_s: float = 0.0  # how long one of its replicas takes to drain when its GPUs are reclaimed
 
     def __post_init__(self) -> None:
         bad = [f"{c} = {n!r}" for c, n in self.demand_replicas.items() if not isinstance(n, int) or n < 0]
@@ -112,6 +123,10 @@ class ModelDemand:
             raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
+        if not (self.drain_s >= 0 and math.isfinite(self.drain_s)) or not (
+                self.lead_time_s is None or (self.lead_time_s >= 0 and math.isfinite(self.lead_time_s))):
+            raise ValueError(f"model {self.name!r}: drain_s = {self.drain_s!r} and lead_time_s = "
+                             f"{self.lead_time_s!r} must be finite seconds >= 0")
         if self.nominal_gpus < 0 or self.warm_slots < 0 or (self.borrowing_limit_gpus or 0) < 0:
             raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}), borrowing_limit_gpus "
                              f"({self.borrowing_limit_gpus}) and warm_slots ({self.warm_slots}) must be >= 0")
@@ -148,6 +163,8 @@ class FleetState:
     replicas: Mapping[str, int] = field(default_factory=dict)
     # per shape, (time, pooled need) within the warm stabilization window
     warm_recent: Mapping[int, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+    # per model, since when its nominal claim has gone unserved (for the reclaim horizon)
+    claim_since: Mapping[str, float] = field(default_factory=dict)
 
 
 def class_demand(decision: Decision, rates_by_class: Mapping[str, float],
@@ -309,16 +326,59 @@ def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: 
     return reasons
 
 
-def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill,
-                   remaining: dict[str, dict[str, int]]) -> None:
-    """The guaranteed level: each model up to its nominal quota, booked to its highest classes."""
+@dataclass(frozen=True)
+class _Reclaim:
+    """Which nominal claims may reclaim GPUs others held last tick (`due`), and what nobody held (`room_gpus`)."""
+
+    due: frozenset[str]
+    room_gpus: float
+    wait_s: dict[str, float]  # per claim not yet due, how long until it is
+
+
+def horizon_s(m: ModelDemand, models: list[ModelDemand]) -> float:
+    """What reclaiming for `m` costs in time: its start-up plus the longest drain among the others."""
+    return (m.lead_time_s or 0.0) + max((o.drain_s for o in models if o is not m), default=0.0)
+
+
+def _reclaim(models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float) -> _Reclaim:
+    held = sum(min(state.replicas.get(m.name, 0), m.replicas_wanted) * m.gpus_per_replica for m in models)
+    room = math.inf if budgets.fleet_gpus is None else max(0.0, budgets.fleet_gpus - held)
+    due, wait = set(), {}
+    for m in models:
+        left = horizon_s(m, models) - (now - state.claim_since.get(m.name, now))
+        if left <= 0:
+            due.add(m.name)
+        else:
+            wait[m.name] = left
+    return _Reclaim(frozenset(due), room, wait)
+
+
+def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
+                   reclaim: _Reclaim, previous: Mapping[str, int]) -> None:
+    """The guaranteed level: each model up to its nominal quota, booked to its highest classes; a claim not
+    yet due only up to its own last replicas plus what nobody held last tick."""
+    room = reclaim.room_gpus
     for m in models:
         quota = m.nominal_gpus // m.gpus_per_replica
         for cls in spec.classes:
             while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
+                if fill.replicas[m.name] >= previous.get(m.name, 0):  # beyond its own: from the room, if any
+                    if m.name not in reclaim.due and room < m.gpus_per_replica:
+                        break
+                    room -= m.gpus_per_replica
                 fill.give(m, cls)
                 remaining[m.name][cls] -= 1
                 quota -= 1
+
+
+def _claims_unserved(models: list[ModelDemand], fill: _Fill, state: FleetState, now: float) -> dict[str, float]:
+    """Since when each model's nominal claim (its nominal quota, at most its demand) has gone unserved."""
+    out = {}
+    for m in models:
+        claim = min(m.nominal_gpus // m.gpus_per_replica, m.replicas_wanted)
+        if fill.replicas[m.name] < claim:
+            out[m.name] = state.claim_since.get(m.name, now)
+    return out
 
 
 def _serve_levels(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
@@ -402,16 +462,21 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         by_class={m.name: {} for m in models},
     )
     remaining = {m.name: dict(m.demand_replicas) for m in models}
-    _serve_nominal(spec, models, fill, remaining)
+    reclaim = _reclaim(models, budgets, state, now)
+    _serve_nominal(spec, models, fill, remaining, reclaim, state.replicas)
     unmet = _serve_levels(spec, models, fill, remaining, state.replicas)
     replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
     pool = _pool(spec, models, fill, state, now)
     borrowed, lent = _lending(models, fill)
+    unserved = _claims_unserved(models, fill, state, now)
     out = {}
     for m in models:
         shed = _shed(m, fill.by_class[m.name])
         lent_to = [lent[m.name]] if m.name in lent else []
         reasons = _model_reasons(m, fill, budgets, unmet[m.name], shed, borrowed[m.name], lent_to)
+        if m.name in unserved and m.name in reclaim.wait_s:
+            reasons.append(f"nominal claim waits {reclaim.wait_s[m.name]:.0f} s more before reclaiming GPUs others "
+                           f"hold (a reclaim costs {horizon_s(m, models):.0f} s: its start-up and their drain)")
         warm = pool.shares.get(m.name, 0)
         if warm:
             reasons.append(f"warm pool: {warm} of the {pool.slots[m.gpus_per_replica]} pooled "
@@ -421,4 +486,4 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
     used = replica_gpus + sum(g * n for g, n in pool.slots.items())
     decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
                              reasons=tuple(_pool_reasons(spec, models, pool)))
-    return decision, FleetState(replicas=dict(fill.replicas), warm_recent=pool.recent)
+    return decision, FleetState(replicas=dict(fill.replicas), warm_recent=pool.recent, claim_since=unserved)

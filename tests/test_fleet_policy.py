@@ -264,6 +264,8 @@ def test_class_demand_ignores_broken_rates():
     ({"weight": math.nan}, "weight = nan"),
     ({"nominal_gpus": -2}, "must be >= 0"),
     ({"borrowing_limit_gpus": -1}, "must be >= 0"),
+    ({"drain_s": -1.0}, "drain_s = -1.0"),
+    ({"lead_time_s": math.inf}, "lead_time_s = inf"),
 ])
 def test_bad_model_input_is_a_clear_error(fields, words):
     with pytest.raises(ValueError, match=words):
@@ -292,3 +294,69 @@ def test_duplicate_names_are_refused():
         assert "unique" in str(exc)
     else:
         raise AssertionError("duplicate names accepted")
+
+
+def test_timeline_a_reclaim_waits_for_its_cost_then_takes_the_borrowed_gpus():
+    """model-a lends 6 of its 8 nominal GPUs to model-b. Its claim returns at t = 15: a reclaim would drain
+    model-b's replicas (30 s) and start model-a's (120 s), so for 150 s the claim is served only from GPUs
+    nobody held (none here) and model-b keeps them; at t = 165 the claim is due and the GPUs go back."""
+    a = ModelDemand("model-a", demand(critical=2), tier=1, nominal_gpus=8, lead_time_s=120.0)
+    b = ModelDemand("model-b", demand(critical=12), tier=0, nominal_gpus=2, drain_s=30.0)
+    budget = Budgets(fleet_gpus=10)
+    lent, state = allocate(SPEC, [a, b], budget, FleetState(), 0.0)
+    assert (lent.models["model-a"].replicas, lent.models["model-b"].replicas) == (2, 8)
+    claim = replace(a, demand_replicas=demand(critical=8))
+    held = []
+    for now in (15.0, 90.0, 150.0, 165.0, 180.0):
+        decision, state = allocate(SPEC, [claim, b], budget, state, now)
+        held.append((decision.models["model-a"].replicas, decision.models["model-b"].replicas))
+        if now == 15.0:
+            assert ("nominal claim waits 150 s more before reclaiming GPUs others hold (a reclaim costs 150 s: "
+                    "its start-up and their drain)") in decision.models["model-a"].reasons
+    assert held == [(2, 8), (2, 8), (2, 8), (8, 2), (8, 2)]
+    assert state.claim_since == {}
+
+
+def test_a_new_claim_takes_what_nobody_held_at_once():
+    """The same claim with 3 GPUs free last tick (fleet cap 13): model-a gets those 3 at once, no reclaim."""
+    a = ModelDemand("model-a", demand(critical=2), tier=1, nominal_gpus=8, lead_time_s=120.0)
+    b = ModelDemand("model-b", demand(critical=8), tier=0, nominal_gpus=2, drain_s=30.0)
+    _, state = allocate(SPEC, [a, b], Budgets(fleet_gpus=13), FleetState(), 0.0)
+    claim = replace(a, demand_replicas=demand(critical=8))
+    decision, state = allocate(SPEC, [claim, b], Budgets(fleet_gpus=13), state, 15.0)
+    assert (decision.models["model-a"].replicas, decision.models["model-b"].replicas) == (5, 8)
+    assert state.claim_since == {"model-a": 15.0}
+
+
+@st.composite
+def timed(draw):
+    """A fleet with start-up and drain times, the budgets, last tick's replicas, and how far past its reclaim
+    horizon each claim is (negative: not yet due)."""
+    models = [replace(m, lead_time_s=draw(st.sampled_from([None, 0.0, 60.0, 300.0])),
+                      drain_s=draw(st.sampled_from([0.0, 30.0]))) for m in draw(fleets())]
+    previous = {m.name: draw(st.integers(0, 12)) for m in models}
+    past = {m.name: draw(st.sampled_from([-100.0, 0.0, 50.0])) for m in models}
+    return models, draw(budgets()), previous, past
+
+
+@settings(max_examples=300, deadline=None)
+@given(timed())
+def test_a_reclaim_is_only_postponed_and_never_above_a_budget(case):
+    """Once every claim has waited its horizon, the allocation is the one without reclaim costs; before,
+    every budget still holds."""
+    from policies.fleet import horizon_s
+
+    models, caps, previous, past = case
+    now = 1000.0
+    since = {m.name: now - horizon_s(m, models) - past[m.name] for m in models}
+    waited, _ = allocate(SPEC, models, caps, FleetState(replicas=previous, claim_since=since), now)
+    for m in models:
+        assert waited.models[m.name].replicas * m.gpus_per_replica <= m.max_gpus
+    assert caps.fleet_gpus is None or waited.gpus_used <= caps.fleet_gpus
+    for ns, cap in caps.namespace_gpus.items():
+        assert gpus(models, waited, namespace=ns) <= cap
+    if all(p >= 0 for p in past.values()):
+        free = [replace(m, lead_time_s=None, drain_s=0.0) for m in models]
+        at_once, _ = allocate(SPEC, free, caps, FleetState(replicas=previous), now)
+        assert {n: a.replicas for n, a in waited.models.items()} == {n: a.replicas for n, a in at_once.models.items()}
+        assert waited.warm_by_shape == at_once.warm_by_shape

@@ -54,6 +54,17 @@ def test_under_a_binding_limit_the_fleet_serves_the_top_tier_and_sheds_the_lower
     assert low["gpu_hours"] < top["gpu_hours"]
 
 
+def test_class_major_levels_serve_the_lower_tiers_critical_before_the_top_tiers_sheddable(limited, capsys):
+    """The same binding limit with class-major levels: the lower tier's critical and standard classes are
+    served before the top tier's sheddable, so the top tier sheds more than tier-major lets it."""
+    out = run(capsys, "--gpu-limit", str(limited["gpu_limit"]), "--policies", "fleet", "--levels", "class-major")
+    tier_major = limited["policies"][0]["models"]
+    class_major = out["policies"][0]["models"]
+    top, low = "azure-llm-2023-code", "azure-llm-2023-code#2"
+    assert class_major[top]["shed_by_class"]["sheddable"] > tier_major[top]["shed_by_class"]["sheddable"]
+    assert class_major[low]["slo_attainment"]["standard"] > tier_major[low]["slo_attainment"]["standard"]
+
+
 def test_per_model_policies_do_not_protect_the_top_tier(limited):
     """The same two copies under a peak-proportional split (predictive) or first come first served (hpa):
     neither tier is preferred, so both shed or miss alike."""

@@ -1,6 +1,8 @@
 """Warm capacity on a real node provisioner (Karpenter's kwok provider), in both backends: placeholders that
 the scheduler preempts for real replicas and that get new nodes, and a CapacityBuffer that Karpenter keeps
-room for. Either way a replica ordered onto warm capacity is placed without waiting for a new node."""
+room for. Either way a replica ordered onto warm capacity is placed without waiting for a new node. The
+fleet's pooled placeholders (one set per replica shape) go to whichever model scales first, and the node
+the refill needs comes from Karpenter."""
 
 import asyncio
 import time
@@ -8,9 +10,10 @@ import time
 import pytest
 
 from autoscaler.kube.cluster import ClusterReader
+from autoscaler.kube.pooledwarm import PooledWarmPool
 from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
 from loadtest.kube.controlplane import control_plane
-from loadtest.kube.karpenter import POOL, POOL_LABEL, karpenter
+from loadtest.kube.karpenter import ONE_GPU, POOL, POOL_LABEL, karpenter, node_pool
 
 from helpers import with_kube
 
@@ -48,14 +51,14 @@ async def until(predicate, timeout_s=60.0):
     raise TimeoutError("condition not reached")
 
 
-def scheduled_without_new_nodes(cp, karp, ns, before_nodes):
-    """Scale the model by two; its new pods must be placed on nodes that already exist."""
-    cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": 3}})
+def scheduled_without_new_nodes(cp, karp, ns, before_nodes, replicas=3):
+    """Scale the model to `replicas`; its new pods must be placed on nodes that already exist."""
+    cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": replicas}})
     started = time.monotonic()
     while time.monotonic() - started < 30:
         pods = cp.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app%3Dmodel")[1]["items"]
         placed = [p for p in pods if p["spec"].get("nodeName")]
-        if len(placed) == 3:
+        if len(placed) == replicas:
             return time.monotonic() - started, {p["spec"]["nodeName"] for p in placed} <= before_nodes
         time.sleep(0.2)
     raise TimeoutError("the model's new replicas were not placed")
@@ -126,6 +129,62 @@ def test_placeholders_are_preempted_and_get_new_nodes(provisioned):
         return await until(lambda: _warm(reader, 2), timeout_s=60)
 
     assert with_kube(cp, refilled).warm_slots_ready == 2  # the preempted placeholders got new nodes
+
+
+def test_pooled_placeholders_go_to_whichever_model_scales_first_and_karpenter_refills_them(provisioned):
+    """Two models of the same 1-GPU shape in two namespaces, one pooled slot in a third, on a NodePool of
+    their own (no other test's empty node to land on). Model B scales first and takes the slot (no new
+    node); the pool is refilled on a node Karpenter brings; then model A scales and takes the refilled slot,
+    also without waiting for a node."""
+    cp, karp = provisioned
+    fleet_pool = node_pool(ONE_GPU, gpu_limit=8, consolidate_after_s=600)
+    fleet_pool["metadata"]["name"] = "fleet"
+    fleet_pool["spec"]["template"]["metadata"]["labels"][POOL_LABEL] = "fleet"
+    cp.apply(fleet_pool)
+    for ns in ("pooled-a", "pooled-b", "fleet-warm"):
+        cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    for ns in ("pooled-a", "pooled-b"):
+        body = model(ns, 1)
+        body["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: "fleet"}
+        cp.apply(body)
+
+    def fleet_nodes(at_least):
+        deadline = time.monotonic() + 30
+        while True:
+            nodes = cp.request("GET", f"/api/v1/nodes?labelSelector={POOL_LABEL}%3Dfleet")[1]["items"]
+            ready = {n["metadata"]["name"] for n in nodes if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+            if len(ready) >= at_least or time.monotonic() > deadline:
+                return ready
+            time.sleep(0.25)
+
+    async def warm(kube):
+        pooled = PooledWarmPool(kube, namespace="fleet-warm", priority_class="placeholder",
+                                pause_image="registry.k8s.io/pause:3.10", max_slots=4, ready_ttl_s=0)
+        readers = [ClusterReader(kube, namespace=ns, kind="Deployment", name="model")
+                   for ns in ("pooled-a", "pooled-b")]
+        for reader in readers:
+            await until(lambda reader=reader: _ready(reader, 1))
+        await pooled.ensure({1: 1}, {f"{r.namespace}/model": await r.pod_template() for r in readers})
+        await until(lambda: _pooled(pooled, 1))
+        return await pooled.share(namespace="pooled-a", kind="Deployment", name="model").ready()
+
+    assert with_kube(cp, warm) == 1
+    nodes = fleet_nodes(3)
+    assert len(nodes) == 3  # two replicas and the pooled slot
+    seconds, on_existing = scheduled_without_new_nodes(cp, karp, "pooled-b", nodes, replicas=2)
+    assert on_existing and seconds < NODE_START_S + 5  # model B took the pooled slot
+    assert with_kube(cp, warm) == 1  # refilled
+    refilled = fleet_nodes(4)
+    assert len(refilled) == 4 and nodes < refilled  # on the node Karpenter brought for the refill
+    seconds, on_existing = scheduled_without_new_nodes(cp, karp, "pooled-a", refilled, replicas=2)
+    assert on_existing and seconds < NODE_START_S + 5  # model A took the refilled slot
+    events = cp.request("GET", "/api/v1/namespaces/fleet-warm/events")[1]["items"]
+    assert sum(e["reason"] == "Preempted" for e in events) == 2
+
+
+async def _pooled(pooled, n):
+    return (await pooled.ready()).get(1, 0) >= n
 
 
 async def _ready(reader, n):

@@ -31,11 +31,12 @@ import structlog
 
 from autoscaler.config import Mode, Settings
 from autoscaler.errors import EdgeError
+from autoscaler.fleet.allocation import FleetStep
 from autoscaler.fleet.metrics import FleetMetrics
 from autoscaler.fleet.model import Key, ModelBuilder, ModelControl
 from autoscaler.fleet.status import StatusWriter, status_of
 from autoscaler.fleet.watch import ModelObject
-from autoscaler.loop import HELD_TICK_S, ClusterSource, SampleSource
+from autoscaler.loop import HELD_TICK_S, ClusterSource, Decided, SampleSource
 
 log = structlog.get_logger("autoscaler")
 
@@ -75,6 +76,7 @@ class FleetController:
     gate: ShardGate | None = None
     is_leader: Callable[[], bool] = lambda: True  # the process's leader election, without a gate
     status: StatusWriter | None = None
+    step: FleetStep | None = None  # the fleet decision between the models' decide and finish (None: none)
     models: dict[Key, ModelControl] = field(default_factory=dict)
     invalid: dict[Key, ModelObject] = field(default_factory=dict)
     last_tick_s: float | None = None
@@ -121,15 +123,41 @@ class FleetController:
         self.metrics.invalid.set(len(self.invalid))
 
     async def _tick_model(self, model: ModelControl, deadline_s: float) -> None:
-        try:
-            model.decision = await asyncio.wait_for(model.controller.tick(), max(0.0, deadline_s))
+        decision = await self._bounded(model, model.controller.tick(), deadline_s)
+        if decision is not None:
+            model.decision = decision
             model.decided_s = model.controller.last_tick_s
+
+    async def _bounded(self, model: ModelControl, coro, deadline_s: float):
+        try:
+            return await asyncio.wait_for(coro, max(0.0, deadline_s))
         except asyncio.TimeoutError:
             self._error(EdgeError(f"tick missed the fleet deadline ({deadline_s:.1f} s)", kind="tick_deadline"),
                         "model tick", model.key)
         except Exception as exc:  # noqa: BLE001 - one model's bug must not stop the others
             self._error(exc, "model tick", model.key)
             log.exception("model tick failed", model=f"{model.key[0]}/{model.key[1]}")
+        return None
+
+    async def _tick_together(self, deadline_at: float) -> None:
+        """Every model decides, then the fleet decides together (`step`), then every model finishes with its
+        allocation; a model that fails or is late in either half is left out, as in `_tick_model`."""
+        clock, started = self.builder.clock, time.perf_counter()
+        models = list(self.models.values())
+        decided = await asyncio.gather(*(self._bounded(m, m.controller.decide(clock.now()), deadline_at - clock.now())
+                                         for m in models))
+        ready: dict[Key, Decided] = {m.key: d for m, d in zip(models, decided) if d is not None}
+        write_pool = self.settings.mode == Mode.actuate and self.is_leader()
+        assert self.step is not None
+        final = await self.step.run(ready, controllers={k: self.models[k].controller for k in ready},
+                                    objects=self.objects.objects, write_pool=write_pool)
+
+        async def finish(model: ModelControl) -> None:
+            model.decision = await model.controller.finish(final[model.key], started_s=started)
+            model.decided_s = model.controller.last_tick_s
+
+        await asyncio.gather(*(self._bounded(m, finish(m), deadline_at - clock.now()) for m in models
+                               if m.key in final))
 
     async def _write_statuses(self, now: float) -> None:
         if self.status is None or self.settings.mode == Mode.shadow:
@@ -163,7 +191,10 @@ class FleetController:
                             "signals")
             except EdgeError as exc:
                 self._error(exc, "signals")
-        await asyncio.gather(*(self._tick_model(m, deadline_at - clock.now()) for m in list(self.models.values())))
+        if self.step is None:
+            await asyncio.gather(*(self._tick_model(m, deadline_at - clock.now()) for m in list(self.models.values())))
+        else:
+            await self._tick_together(deadline_at)
         await self._write_statuses(clock.now())
         self.last_tick_s = now
         self.metrics.tick.observe(time.perf_counter() - started)

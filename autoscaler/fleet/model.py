@@ -22,6 +22,7 @@ from autoscaler.clock import Clock
 from autoscaler.config import Mode, Settings
 from autoscaler.kube.client import Kube
 from autoscaler.kube.events import EventRecorder
+from autoscaler.kube.pooledwarm import PooledWarmPool
 from autoscaler.loop import ClusterSource, Controller, PriorityCounter, SampleSource
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
@@ -78,11 +79,13 @@ class ModelBuilder:
     clock: Clock
     readers: Readers = field(default_factory=Readers)
     wake: asyncio.Event | None = None  # one wake for the fleet: a request held for any model ticks at once
+    pooled: PooledWarmPool | None = None  # the fleet's warm pool (allocation.py): each model's WarmPool view
 
     def _controller(self, key: Key, settings: Settings, *, board: DecisionBoard, metrics: ControllerMetrics,
                     priorities: PriorityCounter, is_leader: Callable[[], bool]) -> Controller:
         target = settings.target
-        warm_pool = build_warm_pool(settings, self.kube)
+        warm_pool = (self.pooled.share(namespace=target.namespace, kind=target.kind, name=target.name)
+                     if self.pooled is not None else build_warm_pool(settings, self.kube))
         sources = build_sources(settings, self.kube, self.session)
         if self.readers.source is not None:  # the fleet's PromQL replaces the model's own; a pod scrape stays
             sources = [self.readers.source(key)] + [s for s in sources if not isinstance(s, PrometheusSource)]

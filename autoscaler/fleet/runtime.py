@@ -24,6 +24,7 @@ import structlog
 
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
+from autoscaler.fleet.allocation import FleetStep
 from autoscaler.fleet.controller import ClusterCache, FleetController, ShardGate, SignalHub
 from autoscaler.fleet.metrics import FleetMetrics
 from autoscaler.fleet.model import ModelBuilder, Readers
@@ -33,7 +34,9 @@ from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
+from autoscaler.kube.pooledwarm import PooledWarmPool
 from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
+from policies.fleet import Budgets
 
 DEFAULT_LEASE = "inference-autoscaler-fleet"
 
@@ -66,6 +69,8 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
                             on_error=lambda exc: metrics.errors.labels(exc.kind).inc()),
     )
     fleet.builder.wake = fleet.wake
+    fleet.step = build_step(settings, kube)
+    fleet.builder.pooled = fleet.step.pooled if fleet.step is not None else None
     metrics.register_models(lambda: [(k, m.metrics.registry) for k, m in list(fleet.models.items())])
     metrics.status_writes.set_function(lambda: fleet.status.writes if fleet.status else 0)
     parts.tasks.append(watch.run)
@@ -80,6 +85,21 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
         parts.tasks.append(elector.run)
     parts.tasks.insert(0, fleet.run)
     return fleet
+
+
+def build_step(settings: Settings, kube: Kube) -> FleetStep | None:
+    """The fleet decision, when the process config caps the fleet's GPUs (`capacity.max_gpus`) or each
+    namespace's (`capacity.namespace_max_gpus`); with the warm pool on (placeholders), pooled per replica shape
+    in the controller's namespace."""
+    capacity, warm = settings.capacity, settings.warm_pool
+    if capacity.max_gpus is None and capacity.namespace_max_gpus is None:
+        return None
+    pooled = None
+    if warm.enabled and warm.backend == "placeholders":
+        pooled = PooledWarmPool(kube, namespace=lease_namespace(settings), priority_class=warm.priority_class,
+                                pause_image=warm.pause_image, max_slots=settings.policy.max_warm_slots)
+    return FleetStep(budgets=Budgets(fleet_gpus=capacity.max_gpus), namespace_gpus_each=capacity.namespace_max_gpus,
+                     pooled=pooled)
 
 
 def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> tuple[SignalHub | None,

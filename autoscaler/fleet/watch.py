@@ -47,6 +47,8 @@ class ModelObject:
     generation: int | None
     settings: Settings | None
     error: str | None = None
+    tier: int = 1  # the spec's tier and weight, for the fleet decision (autoscaler/fleet/allocation.py)
+    weight: float = 1.0
 
 
 def understood(obj: dict[str, Any], base: dict[str, Any]) -> ModelObject:
@@ -56,7 +58,8 @@ def understood(obj: dict[str, Any], base: dict[str, Any]) -> ModelObject:
     generation = meta.get("generation")
     try:
         spec = parse_spec(obj.get("spec") or {}, source=f"ModelAutoscaler {key[0]}/{key[1]}: spec")
-        return ModelObject(key, generation, settings_for(namespace=key[0], spec=spec, base=base))
+        return ModelObject(key, generation, settings_for(namespace=key[0], spec=spec, base=base), tier=spec.tier,
+                           weight=spec.weight)
     except ConfigError as exc:
         log.warning("invalid model autoscaler", model=f"{key[0]}/{key[1]}", error=str(exc))
         return ModelObject(key, generation, None, error=str(exc))

@@ -24,7 +24,7 @@ Both backends are a `WarmPool`: the loop calls `ensure` with the decided slots, 
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.client import Kube, with_backoff
@@ -54,14 +54,15 @@ class WarmPool(Protocol):
 
 
 def placeholder_spec(template, *, name: str, priority_class: str, pause_image: str,
-                     serialize=lambda obj: obj) -> dict:
-    """The placeholder Deployment for a target pod template (a V1PodTemplateSpec)."""
+                     serialize=lambda obj: obj, labels: Mapping[str, str] | None = None) -> dict:
+    """The placeholder Deployment for a target pod template (a V1PodTemplateSpec); `labels`: more labels for
+    the Deployment and its pods (the selector is `WARM_POOL_LABEL` alone)."""
     spec = template.spec
     requests, _ = effective_resources(spec)
     # The scheduler places by requests; extended resources (GPUs, MIG slices) must also be limited to the
     # same amount. CPU and memory get no limit: the pause container uses neither.
     limits = {k: v for k, v in requests.items() if not k.startswith(NATIVE)}
-    labels = {WARM_POOL_LABEL: name, **MANAGED_BY}
+    labels = {**(labels or {}), WARM_POOL_LABEL: name, **MANAGED_BY}
     pod_spec: dict = {
         "priorityClassName": priority_class,
         "terminationGracePeriodSeconds": 0,
@@ -95,17 +96,21 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
 
 class PlaceholderPool:
     def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
-                 pause_image: str, max_slots: int, reads: ClusterReads | None = None) -> None:
-        """`reads`: where `ready` reads the pool's Deployment (default: the API)."""
+                 pause_image: str, max_slots: int, reads: ClusterReads | None = None,
+                 labels: Mapping[str, str] | None = None) -> None:
+        """`reads`: where `ready` reads the pool's Deployment (default: the API); `labels`: more labels for the
+        Deployment and its pods."""
         self.kube = kube
         self.reads = reads or ApiReads(kube)
         self.namespace, self.name = namespace, name
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
+        self.labels = dict(labels or {})
 
     async def ensure(self, template, slots: int) -> None:
         """Create or update the placeholder Deployment with `slots` replicas (clamped to max_slots)."""
         body = placeholder_spec(template, name=self.name, priority_class=self.priority_class,
-                                pause_image=self.pause_image, serialize=self.kube.api.sanitize_for_serialization)
+                                pause_image=self.pause_image, serialize=self.kube.api.sanitize_for_serialization,
+                                labels=self.labels)
         body["metadata"]["namespace"] = self.namespace
         body["spec"]["replicas"] = max(0, min(self.max_slots, slots))
         apps = self.kube.apps

@@ -1,0 +1,180 @@
+"""Pooled warm capacity: warm slots kept per replica shape for the whole fleet, not per model.
+
+One placeholder Deployment per shape, `fleet-warm-<N>gpu` (`fleet-warm-<N>x-<resource>` for a MIG profile or
+another accelerator), all in one namespace (the controller's, or a configured one), each a `PlaceholderPool`
+(warmpool.py): pause pods at a low PriorityClass requesting what one replica of that shape requests. A
+replica of ANY model of that shape that finds no room preempts one (the scheduler does it: the placeholders
+are below every model), the Deployment controller creates a new placeholder behind it at once, and that one
+lands on free room or waits for a node (which the provisioner brings: the PriorityClass stays above the
+cluster-autoscaler's expendable cutoff). So a slot is nobody's until taken, whichever model scales first
+takes it, and the pool is refilled behind it. This is what makes pooling save: the fleet insures the growth
+risk of the sum of its models (`policies.fleet`, `FleetDecision.warm_by_shape`), not each model's alone.
+
+The fleet controller calls `ensure(slots_by_shape, templates)` once per tick: the pooled sizes keyed by GPUs
+per replica (the decision's key) and the pod templates of the models it serves by model name, grouped here by
+the same key.
+The placeholder of a shape requests, per resource, the most any of its models' replicas request (so
+preempting one frees room for whichever of them comes), and carries their scheduling constraints (node
+selector, tolerations, affinity) and GPU resource, which must be the same for all of them: models of one GPU
+count that must land on different nodes (or on different MIG profiles) cannot share a placeholder. Such a
+shape is refused with an error naming the models' differences and held as it is, after the other shapes are
+applied; so is a shape that has slots but no template. A shape no model has any more (one of our pool
+Deployments missing from the call) is scaled to 0, not deleted, from its own template.
+
+`ready()`: the ready placeholders per shape (read at most once per `ready_ttl_s`, so that every model of a
+tick shares one list). `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
+own cluster reader. Its ready slots are those of the model's shape, which any model of that shape may take.
+Its `ensure` does nothing, since the fleet sizes the pool.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from decimal import Decimal
+from typing import Any, Awaitable, Callable, Mapping
+
+from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
+
+from autoscaler.errors import PermanentError
+from autoscaler.kube.capacity import replica_shape
+from autoscaler.kube.client import Kube
+from autoscaler.kube.quantity import effective_resources, format_quantity
+from autoscaler.kube.warmpool import PlaceholderPool
+
+SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
+WHOLE_GPU = "nvidia.com/gpu"
+
+
+def pool_name(prefix: str, gpus: int, resource: str) -> str:
+    """`fleet-warm-4gpu`; for another resource `fleet-warm-1x-mig-1g.10gb` (a valid label value: the pods
+    carry it)."""
+    if resource == WHOLE_GPU:
+        return f"{prefix}-{gpus}gpu"
+    slug = re.sub(r"[^a-z0-9.-]+", "-", resource.rsplit("/", 1)[-1].lower()).strip("-.")
+    return f"{prefix}-{gpus}x-{slug}"[:63].rstrip("-.")
+
+
+def _constraints(template, serialize) -> dict:
+    spec = template.spec
+    return {"gpu resource": replica_shape(template).gpu_resource, "node selector": serialize(spec.node_selector),
+            "tolerations": serialize(spec.tolerations), "affinity": serialize(spec.affinity)}
+
+
+def merged_template(templates: Mapping[str, Any], serialize=lambda obj: obj):
+    """One placeholder's template for the replicas of several models (model name -> pod template): per
+    resource the largest request, and the scheduling constraints they all share. A ValueError names the
+    models and what differs when they do not share them."""
+    (first_name, first), *others = templates.items()
+    ours = _constraints(first, serialize)
+    for name, other in others:
+        theirs = _constraints(other, serialize)
+        differ = [k for k in ours if ours[k] != theirs[k]]
+        if differ:
+            raise ValueError(f"{first_name} and {name} differ in {', '.join(differ)}: one placeholder cannot "
+                             "fit both")
+    largest: dict[str, Decimal] = {}
+    for template in templates.values():
+        for key, value in effective_resources(template.spec)[0].items():
+            largest[key] = max(largest.get(key, Decimal(0)), value)
+    merged = copy.deepcopy(first)
+    merged.spec.containers = [V1Container(name="replica", resources=V1ResourceRequirements(
+        requests={k: format_quantity(v) for k, v in sorted(largest.items())}))]
+    merged.spec.init_containers, merged.spec.overhead = None, None
+    return merged
+
+
+def group_by_shape(templates: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """The models' pod templates by GPUs per replica (replicas without a GPU need no GPU warm slot)."""
+    groups: dict[int, dict[str, Any]] = {}
+    for model, template in templates.items():
+        gpus = replica_shape(template).gpus
+        if gpus > 0:
+            groups.setdefault(int(gpus), {})[model] = template
+    return groups
+
+
+class PooledWarmPool:
+    """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring)."""
+
+    def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
+                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
+        self.kube, self.namespace, self.prefix = kube, namespace, prefix
+        self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
+        self.ready_ttl_s = ready_ttl_s
+        self._ready: tuple[float, dict[int, int]] | None = None
+
+    def _pool(self, name: str, gpus: int) -> PlaceholderPool:
+        return PlaceholderPool(self.kube, namespace=self.namespace, name=name, priority_class=self.priority_class,
+                               pause_image=self.pause_image, max_slots=self.max_slots,
+                               labels={SHAPE_LABEL: str(gpus)})
+
+    async def _ours(self) -> list:
+        listed = await self.kube.call(f"list pooled warm pools {self.namespace}",
+                                      self.kube.apps.list_namespaced_deployment, self.namespace,
+                                      label_selector=SHAPE_LABEL)
+        return listed.items
+
+    async def ensure(self, slots_by_shape: Mapping[int, int], templates: Mapping[str, Any]) -> None:
+        """Size every shape's pool from the pooled sizes (GPUs per replica -> slots) and the models' pod
+        templates (model name -> V1PodTemplateSpec); shapes no model has any more go to 0. Raises one
+        PermanentError naming every shape it had to hold, after applying the others."""
+        groups = group_by_shape(templates)
+        problems = []
+        for gpus in sorted(set(groups) | {g for g, n in slots_by_shape.items() if n > 0}):
+            if gpus not in groups:
+                problems.append(f"{gpus}-GPU replicas: {slots_by_shape[gpus]} warm slots decided but no model's "
+                                "pod template of that shape was read; held as it is")
+                continue
+            try:
+                template = merged_template(groups[gpus], self.kube.api.sanitize_for_serialization)
+            except ValueError as exc:
+                problems.append(f"{gpus}-GPU replicas: {exc}; held as it is")
+                continue
+            name = pool_name(self.prefix, gpus, replica_shape(template).gpu_resource)
+            await self._pool(name, gpus).ensure(template, slots_by_shape.get(gpus, 0))
+        for deployment in await self._ours():
+            gpus = int((deployment.metadata.labels or {}).get(SHAPE_LABEL, "0") or 0)
+            if gpus not in groups and gpus not in slots_by_shape and (deployment.spec.replicas or 0) > 0:
+                await self._pool(deployment.metadata.name, gpus).ensure(deployment.spec.template, 0)
+        if problems:
+            raise PermanentError("pooled warm pool: " + "; ".join(problems), kind="pooled_warm_shape")
+
+    async def ready(self) -> dict[int, int]:
+        """Ready placeholders per shape (GPUs per replica)."""
+        now = self.kube.clock.now()
+        if self._ready is not None and now - self._ready[0] < self.ready_ttl_s:
+            return dict(self._ready[1])
+        out: dict[int, int] = {}
+        for deployment in await self._ours():
+            gpus = int((deployment.metadata.labels or {}).get(SHAPE_LABEL, "0") or 0)
+            ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
+            out[gpus] = out.get(gpus, 0) + ready
+        self._ready = (now, out)
+        return dict(out)
+
+    def share(self, *, namespace: str, kind: str, name: str) -> "SharedSlots":
+        """The pool as the `WarmPool` of the model whose workload this is (its shape read from its template)."""
+        kube = self.kube
+        read = kube.apps.read_namespaced_deployment if kind == "Deployment" else kube.apps.read_namespaced_stateful_set
+
+        async def template():
+            return (await kube.call(f"read {kind} {namespace}/{name}", read, name, namespace)).spec.template
+
+        return SharedSlots(self, template)
+
+
+class SharedSlots:
+    """The pooled pool seen by one model as its `WarmPool`: the fleet sizes it (`ensure` does nothing), the
+    model reads the ready slots of its own shape, which it may take (as may any model of that shape)."""
+
+    def __init__(self, pooled: PooledWarmPool, template: Callable[[], Awaitable[Any]]) -> None:
+        self.pooled, self.template = pooled, template
+        self.name = pooled.prefix  # no placeholder is the model's own: none carries this name
+
+    async def ensure(self, template: Any, slots: int) -> None:
+        """Nothing: the fleet decides the pooled size (`PooledWarmPool.ensure`), not one model."""
+
+    async def ready(self) -> int:
+        gpus = replica_shape(await self.template()).gpus
+        return (await self.pooled.ready()).get(int(gpus), 0) if gpus > 0 else 0

@@ -1,0 +1,149 @@
+"""Pooled warm capacity on a real kube-apiserver, scheduler and kwok nodes: one placeholder set per replica
+shape for the whole fleet, taken by whichever model's replica of that shape comes first (the scheduler
+preempts the placeholder) and refilled behind it. With Karpenter: tests/test_warm_capacity.py."""
+
+import asyncio
+import time
+
+import pytest
+
+from autoscaler.errors import PermanentError
+from autoscaler.kube.pooledwarm import SHAPE_LABEL, PooledWarmPool, pool_name
+from autoscaler.kube.warmpool import WARM_POOL_LABEL
+from loadtest.kube.controlplane import gpu_node, model_deployment
+
+from helpers import with_kube
+
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+@pytest.fixture
+def fleet(cluster, namespace):
+    """Two model namespaces beside `namespace` (which holds the pooled placeholders), a placeholder
+    PriorityClass, and one 8-GPU kwok node only this test's pods select (label `pool` = `namespace`), all
+    removed afterwards."""
+    node = gpu_node(f"{namespace}-n0")
+    node["metadata"]["labels"].update({"pool": namespace, "kubernetes.io/hostname": node["metadata"]["name"]})
+    assert cluster.request("POST", "/api/v1/nodes", node)[0] == 201
+    models = [f"{namespace}-a", f"{namespace}-b"]
+    for ns in models:
+        assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})[0] == 201
+    priority = f"placeholder-{namespace}"
+    assert cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+                           {"metadata": {"name": priority}, "value": -5})[0] == 201
+    yield models, priority, node["metadata"]["name"]
+    cluster.request("DELETE", f"/api/v1/nodes/{node['metadata']['name']}")
+    for ns in models:
+        cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+    cluster.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{priority}")
+
+
+def model(cluster, ns, *, replicas, pool, gpus="4", cpu="4", memory="32Gi", selector=None):
+    body = model_deployment(ns, "model", replicas)
+    spec = body["spec"]["template"]["spec"]
+    spec["nodeSelector"] = selector or {"pool": pool}
+    spec["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": gpus, "cpu": cpu, "memory": memory},
+                                          "limits": {"nvidia.com/gpu": gpus}}
+    status, created = cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)
+    assert status == 201, created
+
+
+def pods(cluster, ns, selector):
+    return cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={selector}")[1]["items"]
+
+
+async def until(check, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.25)
+
+
+async def templates(kube, namespaces):
+    return {f"{ns}/model": (await kube.apps.read_namespaced_deployment("model", ns)).spec.template
+            for ns in namespaces}
+
+
+def test_a_pooled_slot_goes_to_whichever_model_scales_first_and_is_refilled(cluster, namespace, fleet):
+    """One 8-GPU node: model A holds 4 GPUs, the pooled 4-GPU placeholder the other 4. Model B (another
+    namespace, the same shape) scales first: its replica preempts the placeholder and lands on the node at
+    once, and a new placeholder is created behind it (pending: no node has room; a provisioner would bring
+    one). The placeholder requests the larger of the two models' CPU and memory."""
+    (ns_a, ns_b), priority, node = fleet
+    model(cluster, ns_a, replicas=1, pool=namespace, cpu="4", memory="32Gi")
+    model(cluster, ns_b, replicas=0, pool=namespace, cpu="8", memory="16Gi")
+    placeholders = f"{WARM_POOL_LABEL}%3D{pool_name('fleet-warm', 4, 'nvidia.com/gpu')}"
+
+    async def warm(kube):
+        pooled = PooledWarmPool(kube, namespace=namespace, priority_class=priority, pause_image=PAUSE, max_slots=8)
+
+        async def a_ready():
+            return all(p["status"].get("phase") == "Running" for p in pods(cluster, ns_a, "app%3Dmodel"))
+        await until(a_ready)
+        await pooled.ensure({4: 1}, await templates(kube, [ns_a, ns_b]))
+        return await until(lambda: _ready(pooled, {4: 1}))
+
+    assert with_kube(cluster, warm) == {4: 1}
+    [placeholder] = pods(cluster, namespace, placeholders)
+    assert placeholder["spec"]["nodeName"] == node
+    assert placeholder["spec"]["containers"][0]["resources"]["requests"] == {
+        "cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"}
+    assert placeholder["spec"]["priorityClassName"] == priority
+
+    started = time.monotonic()
+    assert cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns_b}/deployments/model",
+                           {"spec": {"replicas": 1}})[0] == 200
+    while not [p for p in pods(cluster, ns_b, "app%3Dmodel") if p["spec"].get("nodeName")]:
+        assert time.monotonic() - started < 20, "model B's replica was not placed on the pooled slot"
+        time.sleep(0.2)
+    [replica] = pods(cluster, ns_b, "app%3Dmodel")
+    assert replica["spec"]["nodeName"] == node
+    events = cluster.request("GET", f"/api/v1/namespaces/{namespace}/events")[1]["items"]
+    assert any(e["reason"] == "Preempted" and e["involvedObject"]["name"] == placeholder["metadata"]["name"]
+               for e in events)
+
+    deadline = time.monotonic() + 20
+    while not (refill := [p for p in pods(cluster, namespace, placeholders)
+                          if p["metadata"]["name"] != placeholder["metadata"]["name"]]):
+        assert time.monotonic() < deadline, "the pool was not refilled"
+        time.sleep(0.2)
+    assert not refill[0]["spec"].get("nodeName")  # the node is full: it waits for a new node
+
+
+def test_a_shape_whose_models_cannot_share_a_placeholder_is_held_and_a_shape_gone_goes_to_zero(
+        cluster, namespace, fleet):
+    """Two 4-GPU models on different node pools cannot share a placeholder: that shape is refused with an
+    error naming both, the 1-GPU shape is still applied; when no model of that shape is left, its pool is
+    scaled to 0 (not deleted)."""
+    (ns_a, ns_b), priority, _ = fleet
+    model(cluster, ns_a, replicas=0, pool="x", selector={"pool": "east"})
+    model(cluster, ns_b, replicas=0, pool="x", selector={"pool": "west"})
+    small = f"{namespace}-c"
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": small}})[0] == 201
+    model(cluster, small, replicas=0, pool="x", gpus="1")
+
+    async def go(kube):
+        pooled = PooledWarmPool(kube, namespace=namespace, priority_class=priority, pause_image=PAUSE, max_slots=8)
+        with pytest.raises(PermanentError) as refused:
+            await pooled.ensure({4: 2, 1: 3}, await templates(kube, [ns_a, ns_b, small]))
+        one = await kube.apps.read_namespaced_deployment("fleet-warm-1gpu", namespace)
+        await pooled.ensure({}, {})
+        gone = await kube.apps.read_namespaced_deployment("fleet-warm-1gpu", namespace)
+        return str(refused.value), one, gone
+
+    try:
+        message, one, gone = with_kube(cluster, go)
+    finally:
+        cluster.request("DELETE", f"/api/v1/namespaces/{small}")
+    assert f"{ns_a}/model and {ns_b}/model differ in node selector" in message and "4-GPU" in message
+    assert one.spec.replicas == 3 and one.metadata.labels[SHAPE_LABEL] == "1"
+    assert gone.spec.replicas == 0
+    listed = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")[1]["items"]
+    assert [d["metadata"]["name"] for d in listed] == ["fleet-warm-1gpu"]  # no 4-GPU pool was made
+
+
+async def _ready(pooled, wanted):
+    ready = await pooled.ready()
+    return ready if ready == wanted else None
