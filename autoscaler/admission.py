@@ -25,8 +25,9 @@ Each endpoint counts only what it admitted: with several controller replicas beh
 carried part is low by their number (and never worse than the reading alone).
 
 Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
-waking: replicas ordered, none Ready yet), a request is HELD: its handler awaits until the board reports a
-Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
+waking: replicas ordered, none Ready yet), or is itself 0 with the Ready count known (going to zero: the last
+replica drains its in-flight requests and must get no new one), a request is HELD: its handler awaits until
+the board reports a decision above 0 with a Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
 condition, woken first in, first out). While any is held the board's `held_requests` is above zero: the loop
 wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's StreamIsActive says
 active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
@@ -137,9 +138,13 @@ class Admission:
         return None
 
     def holding(self) -> bool:
-        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking)."""
+        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking), or
+        it is 0 with a known Ready count (going to zero: the last replicas are draining and must not get new
+        requests; the hold wakes the loop, whose next decision orders a replica again)."""
         latest = self.board.fresh("admission")
-        return latest is not None and latest.decision.valid and latest.ready_replicas == 0
+        if latest is None or not latest.decision.valid or latest.ready_replicas is None:
+            return False
+        return latest.ready_replicas == 0 or latest.decision.replicas == 0
 
     def hold_limit_s(self) -> float:
         """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus
