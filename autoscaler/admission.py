@@ -27,16 +27,16 @@ carried part is low by their number (and never worse than the reading alone).
 Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
 waking: replicas ordered, none Ready yet), or is itself 0 with the Ready count known (going to zero: the last
 replica drains its in-flight requests and must get no new one), a request is HELD: its handler awaits until
-the board reports a decision above 0 with a Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
-condition, woken first in, first out). While any is held the board's `held_requests` is above zero: the loop
-wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's StreamIsActive says
-active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
-`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
-once; the top class (critical) is always held, and is never dropped while a start is in progress short of
-`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`,
-at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held
-directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero
-`/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
+the board reports a decision above 0 with a Ready replica, then it is answered as any other (held requests
+leave in arrival order: they wait on one condition, woken first in, first out). While any is held the board's
+`held_requests` is above zero: the loop wakes at once and feeds it to the policy as the `held_requests`
+signal, and KEDA's StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with
+Retry-After (counted, result `hold_expired`). With more than `max_held_requests` held, a new request below the
+top class gets that 503 at once; the top class (critical) is always held, and is never dropped while a start
+is in progress short of `max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start)
+plus `HOLD_MARGIN_S`, at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz
+call is held directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at
+zero `/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
 expires (403 with `X-Hold-Expired`, answered 503).
 
