@@ -5,9 +5,9 @@ silence at either end of the input ends in no wake the data shows, and is left o
 a gap of g seconds longer than W takes the model to zero for g - W seconds and ends in one cold start:
 - saved: the replicas kept loaded through the gap without scale to zero (the floor, at least 1) x (g - W)
   GPU-seconds;
-- paid: the start-up of the replica that wakes it (its GPU is held while it loads: `startup_s`
-  GPU-seconds) and the hold of the request that wakes it, one cold start (start-up + node provisioning)
-  long, counted second for second against GPU-seconds. The requests arriving during that cold start are
+- paid: the start-up of those replicas when it wakes (each holds its GPU while it loads: `startup_s`
+  GPU-seconds each) and the hold of the request that wakes it, one cold start (start-up + node
+  provisioning) long, counted second for second against GPU-seconds. The requests arriving during that cold start are
   held too; their number (the rate after the gap x the cold start) is reported, not priced.
 A gap not longer than W changes nothing. The net saving over all gaps falls as W grows between gap lengths
 and jumps up past each (a gap that no longer reaches W stops costing a cold start), so its maximum is at the
@@ -50,7 +50,7 @@ def recommend_idle(d: Demand, *, tick_s: float, floor_replicas: int, startup_s: 
     """The `idle_after_s` to recommend (None: off), the figures behind it and the reason in words."""
     gaps = idle_gaps(d)
     replicas = max(1, floor_replicas)
-    wake_cost_s = startup_s + cold_start_s
+    wake_cost_s = replicas * startup_s + cold_start_s
     shortest = IDLE_MIN_TICKS * tick_s
     windows = sorted({shortest} | {g["length_s"] + tick_s for g in gaps if g["length_s"] + tick_s > shortest})
     candidates = [_net(gaps, window_s=w, replicas=replicas, wake_cost_s=wake_cost_s) for w in windows]
@@ -74,8 +74,8 @@ def recommend_idle(d: Demand, *, tick_s: float, floor_replicas: int, startup_s: 
         f"{len(gaps)} idle gaps (p50 {out['gap_p50_s']:.0f} s, p90 {out['gap_p90_s']:.0f} s, longest "
         f"{out['longest_gap_s']:.0f} s); after {best['idle_after_s']:.0f} s idle, {best['wakes']} of them go to zero: "
         f"{best['saved_gpu_s'] / 3600:.2f} GPU-h saved ({replicas} replica(s) x the rest of each gap) against "
-        f"{best['cost_s'] / 3600:.2f} h of cold starts ({best['wakes']} x ({startup_s:.0f} s of start-up on the GPU "
-        f"+ {cold_start_s:.0f} s of hold for the waking request)); net {best['net_s'] / 3600:.2f} h, the most of any "
+        f"{best['cost_s'] / 3600:.2f} h of cold starts ({best['wakes']} x ({replicas} x {startup_s:.0f} s of start-up "
+        f"on the GPU + {cold_start_s:.0f} s of hold for the waking request)); net {best['net_s'] / 3600:.2f} h, the most of any "
         f"idle time. Each wake holds the requests of one cold start (about {held:.0f} at the rate after the gaps)"
     )
     return out
@@ -86,6 +86,6 @@ def _why_off(out: dict, *, replicas: int) -> str:
         return "no idle gap in the data: scale to zero would never fire (leave idle_after_s unset)"
     pays_beyond_s = out["wake_cost_s"] / replicas
     return (f"{out['gaps']} idle gaps, the longest {out['longest_gap_s']:.0f} s: a gap pays only beyond "
-            f"idle_after_s + {pays_beyond_s:.0f} s ({out['startup_s']:.0f} s of start-up on the GPU + "
-            f"{out['cold_start_s']:.0f} s of hold, over {replicas} replica(s) kept), and no idle time saves more "
+            f"idle_after_s + {pays_beyond_s:.0f} s ({replicas} x {out['startup_s']:.0f} s of start-up on the GPU + "
+            f"{out['cold_start_s']:.0f} s of hold, over the {replicas} replica(s) kept), and no idle time saves more "
             f"than its cold starts cost: leave idle_after_s unset")
