@@ -208,6 +208,7 @@ def test_idle_after_s_is_recommended_from_the_gaps_and_the_cold_start(tmp_path, 
                             "net_s": 9450.0}
     assert a["recommended"]["policy"]["idle_after_s"] == 315.0
     assert "after 315 s idle, 10 of them go to zero" in a["recommended"]["why"]["idle_after_s"]
+    assert "CHECK THE GAPS" not in a["idle"]["why"]  # one replica's demand before each gap: idling
     assert load_policy_spec(tmp_path / "policy.yaml").idle_after_s == 315.0  # the written file loads
 
     _gaps_recording(tmp_path / "short.csv", [300.0] * 30)
@@ -215,3 +216,19 @@ def test_idle_after_s_is_recommended_from_the_gaps_and_the_cold_start(tmp_path, 
     assert a["idle"]["idle_after_s"] is None and "idle_after_s" not in a["recommended"]["policy"]
     assert "pays only beyond idle_after_s + 540 s" in a["idle"]["why"]
     assert "5. idle gaps: 30 (longest 300 s); scale to zero off" in summary(a)
+
+
+def test_gaps_after_demand_of_many_replicas_are_flagged_as_possible_holes_in_the_data(tmp_path, capsys):
+    """The same silences in a model busy at 20 req/s (3 replicas at 8 slots): a collection gap, most likely."""
+    path = tmp_path / "holes.csv"
+    _gaps_recording(path, [1800.0] * 10)
+    path.write_text(path.read_text().replace(",1.0,1.0,1.0,1\n", ",20.0,20.0,1.0,3\n"))
+    a = _analyze_json(path, capsys, "--policy", str(_policy(tmp_path)))
+    assert a["idle"]["idle_after_s"] is not None
+    assert "CHECK THE GAPS FIRST: the demand stops from 3 replicas' worth" in a["idle"]["why"]
+
+
+def _policy(folder: Path) -> Path:
+    policy = folder / "policy.yaml"
+    policy.write_text("replica_concurrency: 8\n")
+    return policy

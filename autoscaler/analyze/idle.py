@@ -14,6 +14,10 @@ and jumps up past each (a gap that no longer reaches W stops costing a cold star
 smallest W the policy allows (IDLE_MIN_TICKS ticks) or one tick past a gap's length: those are the
 candidates. The recommendation is the candidate with the largest net saving, the smallest on a tie; none
 (scale to zero off) when no candidate saves more than its cold starts cost.
+
+The data cannot tell idle time from a hole in its collection. A model idles down through one replica's
+demand; when the demand on the ticks just before the gaps needs ABRUPT_REPLICAS or more (median), the
+reason says the gaps may be holes, to be checked before the setting is used.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import numpy as np
 
 from autoscaler.analyze.demand import Demand
 from policies.spec import IDLE_MIN_TICKS
+
+# Demand that stops from this many replicas' worth in one tick looks like a hole in the data, not idleness.
+ABRUPT_REPLICAS = 2
 
 
 def idle_gaps(d: Demand) -> list[dict]:
@@ -34,7 +41,7 @@ def idle_gaps(d: Demand) -> list[dict]:
         elif not q and start is not None:
             if start > 0:  # a silence from the first tick has no start the data shows
                 gaps.append({"start_s": start * d.tick_s, "length_s": (i - start) * d.tick_s,
-                             "rate_after_per_s": float(d.rate[i])})
+                             "rate_after_per_s": float(d.rate[i]), "needed_before": int(d.needed[start - 1])})
             start = None
     return gaps
 
@@ -74,11 +81,21 @@ def recommend_idle(d: Demand, *, tick_s: float, floor_replicas: int, startup_s: 
         f"{len(gaps)} idle gaps (p50 {out['gap_p50_s']:.0f} s, p90 {out['gap_p90_s']:.0f} s, longest "
         f"{out['longest_gap_s']:.0f} s); after {best['idle_after_s']:.0f} s idle, {best['wakes']} of them go to zero: "
         f"{best['saved_gpu_s'] / 3600:.2f} GPU-h saved ({replicas} replica(s) x the rest of each gap) against "
-        f"{best['cost_s'] / 3600:.2f} h of cold starts ({best['wakes']} x ({replicas} x {startup_s:.0f} s of start-up "
-        f"on the GPU + {cold_start_s:.0f} s of hold for the waking request)); net {best['net_s'] / 3600:.2f} h, the most of any "
-        f"idle time. Each wake holds the requests of one cold start (about {held:.0f} at the rate after the gaps)"
+        f"{best['cost_s'] / 3600:.2f} h of cold starts ({best['wakes']} x ({replicas} x {startup_s:.0f} s of "
+        f"start-up on the GPU + {cold_start_s:.0f} s of hold for the waking request)); net "
+        f"{best['net_s'] / 3600:.2f} h, the most of any idle time. Each wake holds the requests of one cold "
+        f"start (about {held:.0f} at the rate after the gaps)"
+        + _caution(gaps)
     )
     return out
+
+
+def _caution(gaps: list[dict]) -> str:
+    before = float(np.median([g["needed_before"] for g in gaps]))
+    if before < ABRUPT_REPLICAS:
+        return ""
+    return (f". CHECK THE GAPS FIRST: the demand stops from {before:.0f} replicas' worth (median) in one tick, "
+            "which looks like holes in the data's collection rather than idle time")
 
 
 def _why_off(out: dict, *, replicas: int) -> str:
