@@ -74,8 +74,9 @@ class Admission:
                  live_queue: Callable[[], QueueReading | float | None] | None = None,
                  on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
                  clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
-                 on_hold: Callable[[str, float], None] | None = None) -> None:
-        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`."""
+                 on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True) -> None:
+        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`. `hold_going_to_zero` False:
+        a decision of 0 holds nothing while replicas are Ready (shadow mode: nothing acts on it)."""
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -90,6 +91,7 @@ class Admission:
         self.max_hold_s = max_hold_s
         self.max_held = max_held_requests
         self.on_hold = on_hold or (lambda outcome, waited_s: None)
+        self.hold_going_to_zero = hold_going_to_zero
         self._held = 0
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
@@ -144,7 +146,7 @@ class Admission:
         latest = self.board.fresh("admission")
         if latest is None or not latest.decision.valid or latest.ready_replicas is None:
             return False
-        return latest.ready_replicas == 0 or latest.decision.replicas == 0
+        return latest.ready_replicas == 0 or (self.hold_going_to_zero and latest.decision.replicas == 0)
 
     def hold_limit_s(self) -> float:
         """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus

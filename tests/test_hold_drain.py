@@ -22,6 +22,7 @@ import pytest
 
 from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard, Published
+from autoscaler.metrics import ControllerMetrics
 from policies import PRIORITY_CLASSES, Decision
 
 from loadtest.gateway import gateway as nginx_gateway
@@ -90,3 +91,25 @@ def test_requests_arriving_while_the_last_replica_drains_are_held_for_the_next_s
         stop(last)
         if following is not None:
             stop(following)
+
+
+def test_in_shadow_mode_a_decision_of_zero_holds_nothing_while_replicas_are_ready():
+    """Nothing acts on a shadow decision: the replicas stay, and requests must not wait for a wake."""
+    from autoscaler.clock import SystemClock
+    from autoscaler.config import Settings
+    from autoscaler.loop import PriorityCounter
+    from autoscaler.runtime import Parts, build_admission
+
+    thread, board = LoopThread(), DecisionBoard()
+    try:
+        publish(thread, board, replicas=0, ready=1)
+        for mode, held in (("shadow", False), ("actuate", True), ("keda", True)):
+            settings = Settings(target={"namespace": "llm", "name": "m"}, mode=mode, prometheus={"url": "http://p:9090"},
+                                admission={"queue_probe_interval_s": None})
+            admission = build_admission(settings, None, None, board=board, metrics=ControllerMetrics(),
+                                        priorities=PriorityCounter(), clock=SystemClock(), parts=Parts())
+            assert admission.holding() is held, mode
+        publish(thread, board, replicas=0, ready=0)  # at zero: held in every mode
+        assert admission.holding()
+    finally:
+        thread.close()
