@@ -76,7 +76,8 @@ class Admission:
                  clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
                  on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True) -> None:
         """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`. `hold_going_to_zero` False:
-        a decision of 0 holds nothing while replicas are Ready (shadow mode: nothing acts on it)."""
+        a decision of 0 holds nothing while replicas are Ready (shadow mode, where nothing acts on it, and a
+        policy without `idle_after_s`, whose decisions do not wake on a held request)."""
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())

@@ -93,8 +93,9 @@ def test_requests_arriving_while_the_last_replica_drains_are_held_for_the_next_s
             stop(following)
 
 
-def test_in_shadow_mode_a_decision_of_zero_holds_nothing_while_replicas_are_ready():
-    """Nothing acts on a shadow decision: the replicas stay, and requests must not wait for a wake."""
+def test_a_decision_of_zero_holds_with_replicas_ready_only_where_it_removes_them_and_a_hold_wakes_it():
+    """Nothing acts on a shadow decision: the replicas stay, and requests must not wait for a wake. Without
+    idle_after_s (a plain `min_replicas: 0`) the policy does not wake on a held request: not held either."""
     from autoscaler.clock import SystemClock
     from autoscaler.config import Settings
     from autoscaler.loop import PriorityCounter
@@ -103,12 +104,14 @@ def test_in_shadow_mode_a_decision_of_zero_holds_nothing_while_replicas_are_read
     thread, board = LoopThread(), DecisionBoard()
     try:
         publish(thread, board, replicas=0, ready=1)
-        for mode, held in (("shadow", False), ("actuate", True), ("keda", True)):
+        for mode, idle_after_s, held in (("shadow", 60.0, False), ("actuate", 60.0, True), ("keda", 60.0, True),
+                                         ("actuate", None, False), ("keda", None, False)):
             settings = Settings(target={"namespace": "llm", "name": "m"}, mode=mode, prometheus={"url": "http://p:9090"},
+                                policy={"min_replicas": 0, "idle_after_s": idle_after_s},
                                 admission={"queue_probe_interval_s": None})
             admission = build_admission(settings, None, None, board=board, metrics=ControllerMetrics(),
                                         priorities=PriorityCounter(), clock=SystemClock(), parts=Parts())
-            assert admission.holding() is held, mode
+            assert admission.holding() is held, (mode, idle_after_s)
         publish(thread, board, replicas=0, ready=0)  # at zero: held in every mode
         assert admission.holding()
     finally:
