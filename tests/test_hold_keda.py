@@ -8,8 +8,6 @@ and the request is admitted once the pod is Ready."""
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor as ThreadPool
 
 import pytest
@@ -20,6 +18,7 @@ from loadtest.realservers import free_port
 
 from loopthread import LoopThread
 from servers import fake_model_server, prometheus
+from test_admission import get
 from test_controller import settings_for, start, stop_and_wait
 from test_keda_kube import shipped_scaled_object
 
@@ -47,15 +46,6 @@ def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.2) -> fl
     return time.monotonic() - start_s
 
 
-def held_get(url: str) -> int:
-    request = urllib.request.Request(url, headers={"x-request-priority": "standard"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
-
-
 def test_keda_scales_the_idle_model_to_zero_and_a_held_request_wakes_it_through_stream_is_active(cluster):
     ns = f"keda-zero-{int(time.time() * 1000) % 1000000}"
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -81,11 +71,11 @@ def test_keda_scales_the_idle_model_to_zero_and_a_held_request_wakes_it_through_
             time.sleep(2.0)  # a tick or two at zero: the decision says 0 Ready
             with ThreadPool() as pool:
                 sent = time.monotonic()
-                answer = pool.submit(held_get, endpoint)
+                answer = pool.submit(get, endpoint, "standard")
                 woke_s = wait_for(lambda: deployment(cluster, ns)["spec"]["replicas"] >= 1, 20,
                                   "the held request did not wake the model", every_s=0.02)
                 assert not answer.done(), "admitted before a replica was Ready"
-                status = answer.result(60)
+                status, _ = answer.result(60)
                 admitted_s = time.monotonic() - sent
             ready = deployment(cluster, ns).get("status", {}).get("readyReplicas", 0)
         finally:
