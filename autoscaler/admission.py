@@ -25,17 +25,18 @@ Each endpoint counts only what it admitted: with several controller replicas beh
 carried part is low by their number (and never worse than the reading alone).
 
 Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
-waking: replicas ordered, none Ready yet), a request is HELD: its handler awaits until the board reports a
-Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
-condition, woken first in, first out). While any is held the board's `held_requests` is above zero: the loop
-wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's StreamIsActive says
-active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
-`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
-once; the top class (critical) is always held, and is never dropped while a start is in progress short of
-`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`,
-at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held
-directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero
-`/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
+waking: replicas ordered, none Ready yet), or is itself 0 with the Ready count known (going to zero: the last
+replica drains its in-flight requests and must get no new one), a request is HELD: its handler awaits until
+the board reports a decision above 0 with a Ready replica, then it is answered as any other (held requests
+leave in arrival order: they wait on one condition, woken first in, first out). While any is held the board's
+`held_requests` is above zero: the loop wakes at once and feeds it to the policy as the `held_requests`
+signal, and KEDA's StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with
+Retry-After (counted, result `hold_expired`). With more than `max_held_requests` held, a new request below the
+top class gets that 503 at once; the top class (critical) is always held, and is never dropped while a start
+is in progress short of `max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start)
+plus `HOLD_MARGIN_S`, at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz
+call is held directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at
+zero `/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
 expires (403 with `X-Hold-Expired`, answered 503).
 
@@ -73,8 +74,10 @@ class Admission:
                  live_queue: Callable[[], QueueReading | float | None] | None = None,
                  on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
                  clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
-                 on_hold: Callable[[str, float], None] | None = None) -> None:
-        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`."""
+                 on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True) -> None:
+        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`. `hold_going_to_zero` False:
+        a decision of 0 holds nothing while replicas are Ready (shadow mode, where nothing acts on it, and a
+        policy without `idle_after_s`, whose decisions do not wake on a held request)."""
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -89,6 +92,7 @@ class Admission:
         self.max_hold_s = max_hold_s
         self.max_held = max_held_requests
         self.on_hold = on_hold or (lambda outcome, waited_s: None)
+        self.hold_going_to_zero = hold_going_to_zero
         self._held = 0
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
@@ -137,9 +141,13 @@ class Admission:
         return None
 
     def holding(self) -> bool:
-        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking)."""
+        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking), or
+        it is 0 with a known Ready count (going to zero: the last replicas are draining and must not get new
+        requests; the hold wakes the loop, whose next decision orders a replica again)."""
         latest = self.board.fresh("admission")
-        return latest is not None and latest.decision.valid and latest.ready_replicas == 0
+        if latest is None or not latest.decision.valid or latest.ready_replicas is None:
+            return False
+        return latest.ready_replicas == 0 or (self.hold_going_to_zero and latest.decision.replicas == 0)
 
     def hold_limit_s(self) -> float:
         """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus

@@ -172,3 +172,63 @@ def test_every_trace_is_analyzed_and_its_recommendation_meets_the_targets(name, 
     [row] = [r for r in json.loads(capsys.readouterr().out) if r["policy"] == "predictive"]
     a = row["slo_attainment"]
     assert a["critical"] >= 0.999 and a["standard"] >= 0.99 and row["shed_by_class"]["sheddable"] <= 0.05, row
+
+
+def _gaps_recording(path: Path, gaps_s: list[float], busy_s: float = 600.0) -> None:
+    """1 req/s (one replica) for `busy_s`, then each silence of `gaps_s` in turn, then `busy_s` again."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["t_s", "arrival_rate_per_s", "in_flight", "service_time_s", "ready_replicas"])
+        t = 0.0
+        for gap in [*gaps_s, 0.0]:
+            for end, rate in ((t + busy_s, 1.0), (t + busy_s + gap, 0.0)):
+                while t < end:
+                    writer.writerow([t, rate, rate * SERVICE, SERVICE, 1])
+                    t += TICK
+
+
+def _analyze_json(path: Path, capsys, *args: str) -> dict:
+    assert main(["analyze", str(path), "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_idle_after_s_is_recommended_from_the_gaps_and_the_cold_start(tmp_path, capsys):
+    """Ten silences of 30 min and thirty of 5 min, a cold start of 120 s start-up + 300 s for a node: a wake
+    costs 540 s. Scale to zero after 60 s (the shortest, 4 ticks) saves 24,600 GPU-s over 40 wakes costing
+    21,600; after 315 s (one tick past the 5-min gaps) only the ten long silences go to zero: 14,850 saved
+    against 5,400, the most. With the 5-min silences alone nothing pays: off."""
+    _gaps_recording(tmp_path / "rec.csv", [1800.0, *[300.0] * 3] * 10)
+    a = _analyze_json(tmp_path / "rec.csv", capsys, "--write-config", str(tmp_path / "policy.yaml"))
+    capsys.readouterr()
+    idle = a["idle"]
+    assert idle["gaps"] == 40 and idle["longest_gap_s"] == 1800.0 and idle["wake_cost_s"] == 540.0
+    by_window = {c["idle_after_s"]: c for c in idle["candidates"]}
+    assert by_window[60.0]["net_s"] == pytest.approx(24600 - 21600)
+    assert idle["best"] == {"idle_after_s": 315.0, "wakes": 10, "saved_gpu_s": 14850.0, "cost_s": 5400.0,
+                            "net_s": 9450.0}
+    assert a["recommended"]["policy"]["idle_after_s"] == 315.0
+    assert "after 315 s idle, 10 of them go to zero" in a["recommended"]["why"]["idle_after_s"]
+    assert "CHECK THE GAPS" not in a["idle"]["why"]  # one replica's demand before each gap: idling
+    assert load_policy_spec(tmp_path / "policy.yaml").idle_after_s == 315.0  # the written file loads
+
+    _gaps_recording(tmp_path / "short.csv", [300.0] * 30)
+    a = _analyze_json(tmp_path / "short.csv", capsys)
+    assert a["idle"]["idle_after_s"] is None and "idle_after_s" not in a["recommended"]["policy"]
+    assert "pays only beyond idle_after_s + 540 s" in a["idle"]["why"]
+    assert "5. idle gaps: 30 (longest 300 s); scale to zero off" in summary(a)
+
+
+def test_gaps_after_demand_of_many_replicas_are_flagged_as_possible_holes_in_the_data(tmp_path, capsys):
+    """The same silences in a model busy at 20 req/s (3 replicas at 8 slots): a collection gap, most likely."""
+    path = tmp_path / "holes.csv"
+    _gaps_recording(path, [1800.0] * 10)
+    path.write_text(path.read_text().replace(",1.0,1.0,1.0,1\n", ",20.0,20.0,1.0,3\n"))
+    a = _analyze_json(path, capsys, "--policy", str(_policy(tmp_path)))
+    assert a["idle"]["idle_after_s"] is not None
+    assert "CHECK THE GAPS FIRST: the demand stops from 3 replicas' worth" in a["idle"]["why"]
+
+
+def _policy(folder: Path) -> Path:
+    policy = folder / "policy.yaml"
+    policy.write_text("replica_concurrency: 8\n")
+    return policy

@@ -180,7 +180,7 @@ def test_keda_scaled_object_targets_the_scaler_service():
     [scaled] = render("keda")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["kind"] == "ScaledObject"
     trigger = scaled["spec"]["triggers"][0]
-    assert trigger["type"] == "external" and trigger["metricType"] == "AverageValue"
+    assert trigger["type"] == "external-push" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["scalerAddress"].endswith(":9090")
     assert scaled["metadata"]["name"] == scaled["spec"]["scaleTargetRef"]["name"]
     behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]

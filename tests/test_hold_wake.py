@@ -51,6 +51,8 @@ def test_stream_is_active_pushes_true_within_a_second_of_a_held_request():
             hold = asyncio.run_coroutine_threadsafe(admission.hold("standard"), thread.loop)
             assert next(stream).result is True  # pushed by the hold, not by a decision
             latencies_s.append(time.monotonic() - held_at)
+            # the loop's wake decision, then its replica Ready (at a decision of 0 the request stays held)
+            thread.run(board.publish(Published(Decision(replicas=1), 0, None, time.time(), ready_replicas=0)))
             thread.run(board.set_ready(1))
             assert hold.result(5) is None  # admitted once Ready
             stream.cancel()

@@ -16,7 +16,7 @@ from autoscaler.errors import PermanentError, TransientError
 from autoscaler.kube import warmpool
 from autoscaler.kube.budget import Budget
 from autoscaler.kube.capacity import NodeRoom
-from autoscaler.kube.cluster import ClusterReader, startup_s
+from autoscaler.kube.cluster import ClusterReader, serving_replicas, startup_s
 from autoscaler.kube.pods import PodFacts, pod_facts
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -186,3 +186,30 @@ def test_a_failing_reader_fails_the_read_and_the_first_in_order_is_raised():
         read_cluster({"budget": PermanentError("budget"), "warm": TransientError("warm")})
     with pytest.raises(TransientError, match="events"):
         read_cluster({"budget": PermanentError("budget"), "events": TransientError("events")})
+
+
+def test_a_terminating_pod_is_not_a_ready_replica_while_the_status_still_counts_it():
+    """The last replica going to zero: deleted, still Ready in its conditions and in the Deployment's status
+    until the ReplicaSet's status is written. Counted Ready, it would release held requests to a draining pod."""
+    going, new = pod("m-1", deleting=True), pod("m-2", ready=("False", 100.0))
+    assert serving_replicas(1, [pod_facts(going)]) == 0
+    assert serving_replicas(1, [pod_facts(going), pod_facts(new)]) == 0
+    assert serving_replicas(2, [pod_facts(going), pod_facts(pod("m-3"))]) == 1
+    assert serving_replicas(0, [pod_facts(going), pod_facts(pod("m-3"))]) == 0  # never above the status
+    assert serving_replicas(3, [pod_facts(pod("m-3"))]) == 3  # nothing terminating: the status, as before
+
+    kube = FakeKube(Barrier(1), {})
+    workload = V1Deployment(spec=V1DeploymentSpec(replicas=0, selector=V1LabelSelector(match_labels={"app": "m"}),
+                                                  template=V1PodTemplateSpec(spec=V1PodSpec(containers=[]))),
+                            status=V1DeploymentStatus(ready_replicas=1))
+
+    async def workload_read(name, namespace):
+        return workload
+
+    async def pods(namespace, label_selector):
+        return NS(items=[going])
+
+    kube.apps.read_namespaced_deployment, kube.core.list_namespaced_pod = workload_read, pods
+    reader = ClusterReader(kube, namespace="llm", kind="Deployment", name="m")
+    state = asyncio.run(asyncio.wait_for(reader.read(at(110.0).timestamp()), 5.0))
+    assert (state.spec_replicas, state.ready_replicas) == (0, 0)

@@ -21,6 +21,8 @@
    (the report offers it for the sheddable classes only; a recording without per-priority series says so
    instead of a breakdown); the variance of request durations (service time, tokens) and what it means for slots.
 
+Besides the four: the idle gaps, and the `idle_after_s` they recommend for scale to zero (`idle.py`).
+
 `recommend` turns the answers into a policy section (see its docstring), each number with its reason.
 """
 
@@ -31,6 +33,7 @@ import math
 import numpy as np
 
 from autoscaler.analyze.demand import Demand, replicas_needed
+from autoscaler.analyze.idle import recommend_idle
 from policies import PolicySpec
 from policies.stages.shedding import saturation_depths
 
@@ -225,7 +228,8 @@ def recommend(d: Demand, spec: PolicySpec, answers: dict) -> dict:
     ceiling, not beyond: higher peaks are shorter than a cold start and are queued or shed), the warm pool
     from the bursts that are longer than pod start-up but shorter than the cold-start window (a warm slot
     serves them; a new node would not), the lead time from the measured start-up, the sheddable classes and
-    their guard depths as they stand. Every number comes with its reason."""
+    their guard depths as they stand, `idle_after_s` from the idle gaps when one pays (`idle.py`). Every
+    number comes with its reason."""
     floor = answers["concurrency_floor"]["replicas"]
     # the level itself, not the ceiling the report draws (raised to the floor): the floor is already kept
     ceiling = answers["burst_ceiling"]["held_longer_than_cold_start_replicas"]
@@ -248,8 +252,12 @@ def recommend(d: Demand, spec: PolicySpec, answers: dict) -> dict:
         "saturation_wait_ratio": spec.saturation_wait_ratio,
         "saturation_wait_max_ratio": spec.saturation_wait_max_ratio,
     }
+    idle = answers["idle"]
+    if idle["idle_after_s"] is not None:
+        policy["idle_after_s"] = idle["idle_after_s"]
     sheddable = [c for c, p in spec.priorities.items() if p < spec.shed_priority_below]
     why = {
+        "idle_after_s": idle["why"],
         "min_replicas": f"the demand never needed fewer than {answers['concurrency_floor']['1h']['replicas_p10']:.1f} "
                         f"replicas in 90 % of its 1-hour windows: keep {floor} loaded",
         "max_replicas": f"the highest level held longer than a cold start needs {ceiling:.0f} replicas (+25 % for "
@@ -299,6 +307,8 @@ def answer(d: Demand, spec: PolicySpec, *, startup_s: float | None, node_provisi
         "residency": residency(d, spec),
         "classes": classes(d, spec),
         "duration_variance": duration_variance(d),
+        "idle": recommend_idle(d, tick_s=spec.tick_s, floor_replicas=floor["replicas"], startup_s=startup,
+                               cold_start_s=cold),
     }
     answers["recommended"] = recommend(d, spec, answers)
     return answers

@@ -33,6 +33,9 @@ def summary(a: dict) -> str:
         _classes_line(a["classes"]),
         "   durations: service time p50/p90/p99 = " + "/".join(f"{v:g}" for v in var["service_s"].values())
         + f" s, c^2 = {var['squared_cv']}",
+        f"5. idle gaps: {a['idle']['gaps']} (longest {a['idle']['longest_gap_s']:.0f} s); scale to zero "
+        + (f"after {a['idle']['idle_after_s']:.0f} s idle (below)" if a["idle"]["idle_after_s"] is not None
+           else "off: " + a["idle"]["why"]),
         "recommended policy:",
     ]
     rec = a["recommended"]

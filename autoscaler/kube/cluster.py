@@ -1,6 +1,7 @@
 """Cluster state of the target from the Kubernetes API, as `policies.ClusterState`.
 
-- spec / ready replicas from the target's scale subresource and status; starting = spec - ready;
+- spec / ready replicas from the target's scale subresource and status (a terminating pod not counted
+  Ready, also while the status still counts it: `serving_replicas`); starting = spec - ready;
 - pods of the target (its selector): unschedulable ones (PodScheduled=False, reason Unschedulable), and
   start-up durations (scheduled on a node -> Ready) of pods that became Ready since the last read (each
   pod reported once; at the first read, those of every Ready pod, so a restarted controller gets back what
@@ -78,6 +79,16 @@ def startup_s(pod: PodFacts) -> float | None:
     when no warm slot is free)."""
     began, became = pod.began_s, pod.ready_s
     return became - began if began is not None and became is not None and became >= began else None
+
+
+def serving_replicas(ready_replicas: int, pods: list[PodFacts]) -> int:
+    """The Ready replicas that take requests. A pod being deleted (its preStop and drain) stops counting in
+    the workload's status only once its ReplicaSet's status is written; until then the status still counts
+    it, so while any pod is terminating the Ready pods not being deleted are counted instead. The admission
+    endpoint releases held requests on this count: never to a replica that is draining."""
+    if not any(p.deleting for p in pods):
+        return ready_replicas
+    return min(ready_replicas, sum(1 for p in pods if p.ready and not p.deleting))
 
 
 class ClusterReader:
@@ -177,6 +188,7 @@ class ClusterReader:
         ready = (workload.status.ready_replicas or 0) if workload.status else 0
         listed = await self.reads.pods(self.namespace, workload.spec.selector.match_labels or {})
         pods = [pod_facts(p) for p in listed]
+        ready = serving_replicas(ready, pods)
         durations = self._startups(pods)
         waiting = {p.name: p.created_s for p in pods if p.unschedulable}
         found = await self._capacity(workload, listed=listed, waiting=waiting, now=now)
