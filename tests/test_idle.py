@@ -125,6 +125,35 @@ def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
     assert state.woke_at_s is None and d.replicas == unchecked.replicas
 
 
+def test_at_zero_the_pods_signals_are_gone_and_the_held_requests_still_make_a_valid_decision():
+    """In a cluster whose metrics come from the pods, at zero the rate, in-flight and queue series vanish with the
+    pods. With the gateway's held_requests reported the decision stays valid: 0 without a held request, a wake
+    on one, and valid through the cold start (the admission endpoint holds only on a valid decision; before,
+    every one of these held at valid=False, the waking request was admitted to no server and the model
+    stayed at zero). Not while serving: all replicas unready holds on the missing signals, as before."""
+    _, state, _ = run(SPEC, busy_then_quiet(25))
+    t0 = 40 * TICK_S
+
+    def tick(state, i, *, spec_replicas, ready, held):
+        now = t0 + i * TICK_S
+        cluster = ClusterState(spec_replicas=spec_replicas, ready_replicas=ready,
+                               starting_replicas=spec_replicas - ready, at_s=now)
+        sig = Signals(cluster=cluster, held_requests=None if held is None else Sample(held, now))
+        return decide(SPEC, state, sig, now)
+
+    d, state = tick(state, 0, spec_replicas=0, ready=0, held=0.0)
+    assert d.valid and d.replicas == 0, d.reasons
+    d, state = tick(state, 1, spec_replicas=0, ready=0, held=2.0)
+    assert d.valid and d.replicas == 1 and "wake: held_requests 2 at zero replicas" in d.reasons, d.reasons
+    for i in (2, 3):  # the replica starting, nothing Ready: still valid, still 1
+        d, state = tick(state, i, spec_replicas=1, ready=0, held=3.0)
+        assert d.valid and d.replicas == 1, d.reasons
+    assert not tick(state, 4, spec_replicas=0, ready=0, held=None)[0].valid  # no held count reported: as before
+    _, serving, _ = run(SPEC, [dict(rate=5.0, in_flight=8.0)] * 10)
+    d, _ = tick(serving, 5, spec_replicas=3, ready=0, held=4.0)
+    assert not d.valid and d.replicas == 3
+
+
 KINDS = ("quiet", "demand", "missing")
 
 
