@@ -24,7 +24,7 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
-Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
+Scale to zero: while the latest fresh decision comes with 0 Ready replicas (the model at zero, or
 waking: replicas ordered, none Ready yet), a request is HELD: its handler awaits until the board reports a
 Ready replica, then it is answered as any other (held requests leave in arrival order: they wait on one
 condition, woken first in, first out). While any is held the board's `held_requests` is above zero: the loop
@@ -41,7 +41,9 @@ expires (403 with `X-Hold-Expired`, answered 503).
 
 Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
 counted by the board), and whenever no decision is valid, everything is admitted: a controller that
-cannot decide must not block traffic.
+cannot decide must not block traffic. Except at zero: an invalid decision that knows 0 Ready replicas holds
+(admitted, the request would reach no replica), and a held request also waits through an invalid one that
+does not know them (a tick that missed reading the cluster), up to `max_hold_s`.
 """
 
 from __future__ import annotations
@@ -136,10 +138,14 @@ class Admission:
             return f"shedding {fraction:.0%} of {cls}"
         return None
 
-    def holding(self) -> bool:
-        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking)."""
+    def holding(self, *, held: bool = False) -> bool:
+        """A request must wait: the fresh decision comes with 0 Ready replicas (at zero, or waking), valid or not
+        (admitted, it would reach no replica). A request already `held` also waits through a decision that does
+        not know the Ready replicas (a tick that could not read the cluster). A stale decision releases."""
         latest = self.board.fresh("admission")
-        return latest is not None and latest.decision.valid and latest.ready_replicas == 0
+        if latest is None:
+            return False
+        return latest.ready_replicas == 0 or (held and latest.ready_replicas is None and not latest.decision.valid)
 
     def hold_limit_s(self) -> float:
         """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus
@@ -162,7 +168,7 @@ class Admission:
         self._held += 1
         self.board.set_held(self._held)
         try:
-            while self.holding():
+            while self.holding(held=True):
                 remaining_s = arrived + limit_s - self.clock.now()
                 if remaining_s <= 0:
                     self.on_hold("expired", self.clock.now() - arrived)
