@@ -24,25 +24,29 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
-Scale to zero: while the latest fresh, valid decision comes with 0 Ready replicas (the model at zero, or
-waking: replicas ordered, none Ready yet), or is itself 0 with the Ready count known (going to zero: the last
-replica drains its in-flight requests and must get no new one), a request is HELD: its handler awaits until
-the board reports a decision above 0 with a Ready replica, then it is answered as any other (held requests
-leave in arrival order: they wait on one condition, woken first in, first out). While any is held the board's
-`held_requests` is above zero: the loop wakes at once and feeds it to the policy as the `held_requests`
-signal, and KEDA's StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with
-Retry-After (counted, result `hold_expired`). With more than `max_held_requests` held, a new request below the
-top class gets that 503 at once; the top class (critical) is always held, and is never dropped while a start
-is in progress short of `max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start)
-plus `HOLD_MARGIN_S`, at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz
-call is held directly. nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at
-zero `/auth_request` answers 401 at once, which the shipped gateway sends to a second subrequest,
+Scale to zero: while the latest fresh decision comes with 0 Ready replicas (the model at zero, or waking:
+replicas ordered, none Ready yet; valid or not, since an admitted request would reach no replica), or is a
+valid 0 with the Ready count known (going to zero: the last replica drains its in-flight requests and must get
+no new one), a request is HELD: its handler awaits until the board reports a decision above 0 with a Ready
+replica, then it is answered as any other (held requests leave in arrival order: they wait on one condition,
+woken first in, first out). A request already held also waits through a decision that does not know the Ready
+replicas (a tick that could not read the cluster). While any is held the board's `held_requests` is above
+zero: the loop wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's
+StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
+`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
+once; the top class (critical) is always held, and is never dropped while a start is in progress short of
+`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`, at
+most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held directly.
+nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero `/auth_request`
+answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
 expires (403 with `X-Hold-Expired`, answered 503).
 
 Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
 counted by the board), and whenever no decision is valid, everything is admitted: a controller that
-cannot decide must not block traffic.
+cannot decide must not block traffic. Except at zero: an invalid decision that knows 0 Ready replicas holds
+(admitted, the request would reach no replica), and a held request also waits through an invalid one that
+does not know them (a tick that missed reading the cluster), up to `max_hold_s`.
 """
 
 from __future__ import annotations
@@ -140,14 +144,19 @@ class Admission:
             return f"shedding {fraction:.0%} of {cls}"
         return None
 
-    def holding(self) -> bool:
-        """A request must wait: the fresh, valid decision comes with 0 Ready replicas (at zero, or waking), or
-        it is 0 with a known Ready count (going to zero: the last replicas are draining and must not get new
-        requests; the hold wakes the loop, whose next decision orders a replica again)."""
+    def holding(self, *, held: bool = False) -> bool:
+        """A request must wait: the fresh decision comes with 0 Ready replicas (at zero, or waking), valid or not
+        (admitted, it would reach no replica); or it is a valid 0 with a known Ready count (going to zero: the
+        last replicas are draining and must not get new requests; the hold wakes the loop, whose next decision
+        orders a replica again). A request already `held` also waits through a decision that does not know the
+        Ready replicas (a tick that could not read the cluster). A stale decision releases."""
         latest = self.board.fresh("admission")
-        if latest is None or not latest.decision.valid or latest.ready_replicas is None:
+        if latest is None:
             return False
-        return latest.ready_replicas == 0 or (self.hold_going_to_zero and latest.decision.replicas == 0)
+        if latest.ready_replicas == 0 or (held and latest.ready_replicas is None and not latest.decision.valid):
+            return True
+        return (self.hold_going_to_zero and latest.decision.valid and latest.ready_replicas is not None
+                and latest.decision.replicas == 0)
 
     def hold_limit_s(self) -> float:
         """How long a request is held at most: the configured `max_hold_s`, else the learned cold start plus
@@ -170,7 +179,7 @@ class Admission:
         self._held += 1
         self.board.set_held(self._held)
         try:
-            while self.holding():
+            while self.holding(held=True):
                 remaining_s = arrived + limit_s - self.clock.now()
                 if remaining_s <= 0:
                     self.on_hold("expired", self.clock.now() - arrived)

@@ -12,6 +12,13 @@ later (a preStop sleep, while the gateway's reload takes effect), its server dra
 connections and finishes what it has. After each change the fleet rewrites Prometheus' file_sd targets and
 nginx's upstream list, and asks nginx to reload (SIGHUP), so the gateway balances over the live servers.
 Each start and drain is one JSON line in `--events-file`.
+
+With `--service-port`, while no pod is Ready the gateway's list holds a stand-in for the model's Service
+(kube-proxy) on 127.0.0.1 instead of a refusing address: it forwards each connection to the live server
+with the fewest requests, or closes it while there is none. A request the gateway held while the model was
+at zero was accepted by an nginx worker that keeps the list of its time (a reload starts new workers; the old
+ones finish what they have); through the stand-in it reaches the replica that released it, as it would
+through a Service in a cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +39,45 @@ from loadtest.fakeserver import FakeModelServer, RunningServer
 
 # The upstream list may not be empty: a server that refuses connections stands in while no pod is Ready.
 NO_SERVER = "server 127.0.0.1:9 max_fails=0;  # no Ready pod\n"
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+class ServiceStandIn:
+    """The model's Service at zero: each connection forwarded to the least busy live server (see above)."""
+
+    def __init__(self, servers: dict[str, RunningServer], port: int) -> None:
+        self.servers, self.port = servers, port
+        self.listener: asyncio.Server | None = None
+
+    @property
+    def upstream(self) -> str:
+        return f"server 127.0.0.1:{self.port} max_fails=0;  # no Ready pod: the Service\n"
+
+    async def start(self) -> None:
+        self.listener = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        live = [s for s in self.servers.values() if not s.draining]
+        if not live:
+            writer.close()  # a Service without endpoints: refused
+            return
+        target = min(live, key=lambda s: s.server.in_flight)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
 
 @dataclass(frozen=True)
@@ -55,7 +101,7 @@ class Fleet:
     def __init__(self, api: client.CoreV1Api, *, namespace: str, selector: str, port: int, concurrency: int,
                  time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
                  nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2,
-                 drain_delay_s: float = 0.5) -> None:
+                 drain_delay_s: float = 0.5, service_port: int | None = None) -> None:
         self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
         self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
         self.drain_delay_s = drain_delay_s
@@ -63,6 +109,7 @@ class Fleet:
         self.events = events_file.open("a") if events_file else None
         self.servers: dict[str, RunningServer] = {}  # pod name -> its server
         self.draining: set[asyncio.Task] = set()
+        self.service = ServiceStandIn(self.servers, service_port) if service_port else None
 
     def _event(self, kind: str, pod: str, **fields) -> None:
         if self.events is not None:
@@ -111,7 +158,8 @@ class Fleet:
         if self.targets_file is not None:
             _replace(self.targets_file, json.dumps([{"targets": addresses, "labels": {"namespace": self.namespace}}]))
         if self.upstreams_file is not None:
-            _replace(self.upstreams_file, "".join(f"server {a} max_fails=0;\n" for a in addresses) or NO_SERVER)
+            empty = self.service.upstream if self.service is not None else NO_SERVER
+            _replace(self.upstreams_file, "".join(f"server {a} max_fails=0;\n" for a in addresses) or empty)
             if self.nginx_pid_file is not None and self.nginx_pid_file.exists():
                 try:
                     os.kill(int(self.nginx_pid_file.read_text().strip()), signal.SIGHUP)
@@ -119,6 +167,8 @@ class Fleet:
                     pass  # nginx not (yet) running: it reads the file when it starts
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.service is not None:
+            await self.service.start()
         self.publish()
         while not stop.is_set():
             try:
@@ -156,6 +206,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--upstreams-file", type=Path, default=None, help="nginx upstream servers to keep current")
     p.add_argument("--nginx-pid-file", type=Path, default=None, help="nginx master to SIGHUP after a change")
     p.add_argument("--events-file", type=Path, default=None)
+    p.add_argument("--service-port", type=int, default=None,
+                   help="while no pod is Ready, a stand-in for the model's Service on this port (default: none)")
     return p.parse_args(argv)
 
 
@@ -166,7 +218,8 @@ async def _main(args: argparse.Namespace) -> None:
         fleet = Fleet(client.CoreV1Api(api), namespace=args.namespace, selector=args.selector, port=args.port,
                       concurrency=args.concurrency, time_scale=args.time_scale, targets_file=args.targets_file,
                       upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
-                      events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s)
+                      events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s,
+                      service_port=args.service_port)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

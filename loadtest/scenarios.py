@@ -18,6 +18,12 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   to the steady fleet and one more at minute 12 (the doubling cannot be placed) and raised at minute 45.
 - `controller-restart`: 15 min steady, up to 2x over 20 min, to 45 min; two controllers on the Lease, the
   leader killed at minute 25 (mid-ramp) and restarted at minute 27.
+- `scale-to-zero`: 10 min steady, silent until minute 35, then steady again to minute 45: the controller
+  (`idle_after_s` 300 s) scales the idle model to zero, Karpenter removes its empty nodes (consolidateAfter
+  600 s), and the first requests after the silence are held at the gateway while a node and a replica
+  start (`max_hold_s` 600 s: what the default, the learned cold start plus 60 s, comes to on this cluster).
+- `scale-to-zero-warm`: the same with one warm slot pooled for the model (a placeholder outside its
+  controller's warm pool, which scale to zero leaves in place): the wake is a pod start-up.
 - `fleet-3h` (a demand profile only, not a closed-loop scenario): the bundled recording's demand
   (`python -m loadtest.recordfleet`): a quiet first half hour at 0.8x, a ramp to 3x within an hour, a 2-minute
   burst to 4x, and back down to 0.8x by hour 3.
@@ -65,10 +71,15 @@ class Scenario:
     actions: tuple[tuple[float, str], ...] = ()  # (minute, action), in order; `loadtest.e2e.run` takes them
     config: Mapping = field(default_factory=lambda: MappingProxyType({}))  # E2EConfig fields over the defaults
     controllers: int = 1  # controller processes on the Lease
+    twin_checked: bool = True  # whether the simulated twin models the scenario (its prediction is checked)
     # The NodePool's GPU limit: the starting replicas plus one; from this minute the steady fleet (the
     # simulated policy's replicas then) plus one, so growth beyond it cannot be placed (see `actions`).
     limit_steady_at_min: float | None = None
 
+
+ZERO_PROFILE = Profile(((0, 1.0), (10, 1.0), (10.01, 0.0), (35, 0.0), (35.01, 1.0), (45, 1.0)))
+ZERO_WINDOWS = MappingProxyType({"traffic": (0, 10), "silence": (10, 35), "burst": (35, 45)})
+ZERO_CONFIG = MappingProxyType({"policy": {"idle_after_s": 300.0}, "max_hold_s": 600.0})
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the drill: the platform team insures against a doubling within node provisioning (warm pool)
@@ -88,6 +99,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("controller-restart", Profile(((0, 1.0), (15, 1.0), (35, 2.0), (45, 2.0))), checks.controller_restart,
              windows=MappingProxyType({"around": (20, 35)}), controllers=2,
              actions=((25, "kill-leader"), (27, "restart-killed"))),
+    # silence: the last requests drain, idle_after_s passes, the model goes to zero, its nodes go after
+    # consolidateAfter (plus up to 260 s of Karpenter's own delay, measured in the scenarios above)
+    Scenario("scale-to-zero", ZERO_PROFILE, checks.scale_to_zero, windows=ZERO_WINDOWS, config=ZERO_CONFIG),
+    # the twin has no slot outside the policy's warm pool: it would predict a node's wait
+    Scenario("scale-to-zero-warm", ZERO_PROFILE, checks.scale_to_zero_warm, windows=ZERO_WINDOWS,
+             config=MappingProxyType({**ZERO_CONFIG, "pooled_warm_slots": 1}), twin_checked=False),
 )}
 
 # Demand profiles by name: every scenario's, and profiles that are no closed-loop scenario (the bundled

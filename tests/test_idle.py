@@ -99,17 +99,21 @@ def test_idle_after_s_must_span_a_few_ticks():
     assert PolicySpec(idle_after_s=60.0).idle_after_s == 60.0
 
 
+def starting(i, *, spec_replicas, ready):
+    """The i-th tick after a quiet run (`busy_then_quiet(25)`) and a cluster with `spec_replicas - ready` starting."""
+    now = 40 * TICK_S + i * TICK_S
+    return now, ClusterState(spec_replicas=spec_replicas, ready_replicas=ready, starting_replicas=spec_replicas - ready,
+                             at_s=now)
+
+
 def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
     """Woken at 2 req/s, the queue grows while the first replicas start: a few replicas for the rate, not dozens
     to drain the queue within the SLO (they would land after the same cold start); until all are Ready."""
     spec = SPEC.model_copy(update={"burst_confirm_s": 0.0})  # the queue counts at once
     _, state, _ = run(spec, busy_then_quiet(25))
-    t0 = 40 * TICK_S
 
     def tick(state, i, *, spec_replicas, ready, queue):
-        now = t0 + i * TICK_S
-        cluster = ClusterState(spec_replicas=spec_replicas, ready_replicas=ready,
-                               starting_replicas=spec_replicas - ready, at_s=now)
+        now, cluster = starting(i, spec_replicas=spec_replicas, ready=ready)
         sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(2.0, now), in_flight=Sample(ready * 16.0, now),
                       queue_depth=Sample(queue, now))
         return decide(spec, state, sig, now), decide(spec.model_copy(update={"idle_after_s": None}), state, sig, now)
@@ -123,6 +127,32 @@ def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
     assert d.replicas <= 3
     (d, state), (unchecked, _) = tick(state, 3, spec_replicas=3, ready=3, queue=100.0)  # all Ready: over
     assert state.woke_at_s is None and d.replicas == unchecked.replicas
+
+
+def test_at_zero_the_pods_signals_are_gone_and_the_held_requests_still_make_a_valid_decision():
+    """In a cluster whose metrics come from the pods, at zero the rate, in-flight and queue series vanish with the
+    pods. With the gateway's held_requests reported the decision stays valid: 0 without a held request, a wake
+    on one, and valid through the cold start (the admission endpoint holds only on a valid decision; before,
+    every one of these held at valid=False, the waking request was admitted to no server and the model
+    stayed at zero). Not while serving: all replicas unready holds on the missing signals, as before."""
+    _, state, _ = run(SPEC, busy_then_quiet(25))
+
+    def tick(state, i, *, spec_replicas, ready, held):
+        now, cluster = starting(i, spec_replicas=spec_replicas, ready=ready)
+        sig = Signals(cluster=cluster, held_requests=None if held is None else Sample(held, now))
+        return decide(SPEC, state, sig, now)
+
+    d, state = tick(state, 0, spec_replicas=0, ready=0, held=0.0)
+    assert d.valid and d.replicas == 0, d.reasons
+    d, state = tick(state, 1, spec_replicas=0, ready=0, held=2.0)
+    assert d.valid and d.replicas == 1 and "wake: held_requests 2 at zero replicas" in d.reasons, d.reasons
+    for i in (2, 3):  # the replica starting, nothing Ready: still valid, still 1
+        d, state = tick(state, i, spec_replicas=1, ready=0, held=3.0)
+        assert d.valid and d.replicas == 1, d.reasons
+    assert not tick(state, 4, spec_replicas=0, ready=0, held=None)[0].valid  # no held count reported: as before
+    _, serving, _ = run(SPEC, [dict(rate=5.0, in_flight=8.0)] * 10)
+    d, _ = tick(serving, 5, spec_replicas=3, ready=0, held=4.0)
+    assert not d.valid and d.replicas == 3
 
 
 KINDS = ("quiet", "demand", "missing")

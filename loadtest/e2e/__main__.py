@@ -26,6 +26,8 @@ def _summary(doc: dict) -> str:
                      f"shed {doc['shed_fraction'][cls]:.2%} "
                      f"(simulated {doc['simulated']['shed_fraction'].get(cls, 0):.2%}), "
                      f"p99 latency {doc['p99_latency_s'][cls] or 0:.2f} s")
+    if "cold_start_s" in doc:
+        lines.append(_wake_line(doc))
     t = doc["simulated"].get("node_timings")
     if t:
         lines.append(f"  simulated on the live node timings: provisioning {t['provisioning_s']} s median, "
@@ -34,6 +36,14 @@ def _summary(doc: dict) -> str:
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['check']}: {check['detail']}")
     return "\n".join(lines)
+
+
+def _wake_line(doc: dict) -> str:
+    """Scale to zero: the cold start, the holds and the replicas, at factor 1."""
+    return (f"  {doc['scenario']}: cold start {doc['cold_start_s']} s (first answer {doc['first_answer_s']} s); "
+            f"replicas {doc['min_replicas_seen']} -> {doc['replicas_after_wake']}; held {doc['held_requests']} "
+            f"(endpoint: {doc.get('held_requests_endpoint', 0):g}), hold p50 {doc['hold_p50_s']} s, "
+            f"p99 {doc['hold_p99_s']} s, dropped {doc['dropped_held']}")
 
 
 def _pair(live: float, sim: float, fmt: str, width: int) -> str:
@@ -58,6 +68,7 @@ def table(docs: list[dict]) -> str:
             + _pair(d["gpu_hours"], d["simulated"]["gpu_hours"], ".1f", 16)
             + f"{d['lost_requests']:>6}  {passed}/{len(d['checks'])}"
             + (f" (failed: {'; '.join(failed)})" if failed else ""))
+    rows += [_wake_line(d) for d in docs if "cold_start_s" in d]
     return "\n".join(rows)
 
 

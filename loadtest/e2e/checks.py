@@ -74,12 +74,17 @@ def _decisions(log: str) -> list[dict]:
     return out
 
 
-def common(context: CheckContext) -> list[dict]:
+def common(context: CheckContext, *, twin: bool = True) -> list[dict]:
+    """No request lost; with `twin`, the simulated twin's prediction (a scenario the simulator does not
+    model, such as a warm slot pooled outside the policy, has its twin printed but not checked)."""
     doc = context.doc
     gap = doc["sim_gap"]
     critical_gap = gap["slo_attainment_points"].get("critical")
+    lost = _check("no admitted request lost", doc["lost_requests"] == 0, f"{doc['lost_requests']} lost")
+    if not twin:
+        return [lost]
     return [
-        _check("no admitted request lost", doc["lost_requests"] == 0, f"{doc['lost_requests']} lost"),
+        lost,
         _check("simulator predicts critical attainment within 0.5 points",
                critical_gap is not None and abs(critical_gap) <= SIM_CRITICAL_POINTS, f"gap {critical_gap} points"),
         _check("simulator predicts GPU-hours within 10 %",
@@ -206,3 +211,73 @@ def controller_restart(context: CheckContext) -> list[dict]:
                first_after is not None and abs(first_after - default_lead) > 1e-6,
                f"its first lead time {first_after} s (compressed) vs the untrained default {default_lead} s"),
     ]
+
+
+# Scale to zero. A cold start is the wait for a node (as the live cluster showed it: Karpenter's real-time
+# batching makes it longer than configured) and a pod start-up, plus this much for the controller to see the
+# replica Ready and release the held requests (a tick every second of wall clock while requests are held,
+# 10 s at factor 10) and for the fleet to put its server behind the gateway.
+WAKE_MARGIN_S = 60.0
+
+
+def _answers(records: list[dict]) -> dict:
+    """Each request's outcome: answered (200), shed (429), deliberately dropped (503 with Retry-After), or
+    failed by accident (anything else: no answer, any other 5xx, a 503 without Retry-After)."""
+    out = {"answered": 0, "shed": 0, "dropped with Retry-After": 0, "failed": 0}
+    for r in records:
+        if r["status"] == 200:
+            out["answered"] += 1
+        elif r["status"] == 429:
+            out["shed"] += 1
+        elif r["status"] == 503 and r.get("retry_after") is not None:
+            out["dropped with Retry-After"] += 1
+        else:
+            out["failed"] += 1
+    return out
+
+
+def _to_zero(context: CheckContext) -> list[dict]:
+    """Every request answered or deliberately refused; the model at zero and its node gone before the burst
+    (the pooled warm slots' nodes stay); 0 -> N replicas after it."""
+    doc, timeline = context.doc, context.timeline
+    answers = _answers(context.records)
+    lo, hi = context.window_s("silence")
+    silence = [r for r in timeline if lo <= r["t_s"] < hi]
+    kept = context.config.pooled_warm_slots
+    gone = [r for r in silence if r["spec_replicas"] == 0 and r["model"]["ready"] == 0 and r["nodes"] <= kept]
+    last = silence[-1] if silence else None
+    n = doc.get("replicas_after_wake")
+    return [
+        _check("every request answered, shed, or dropped with Retry-After (no accidental failure)",
+               answers["failed"] == 0 and answers["answered"] > 0, ", ".join(f"{v} {k}" for k, v in answers.items())),
+        _check(f"at zero with its node gone ({kept} pooled warm node(s) kept) before the burst",
+               bool(gone) and last is not None and last in gone,
+               (f"first at zero with {kept} node(s) at minute {gone[0]['t_s'] / 60:.1f}; " if gone else "never; ")
+               + (f"at the burst: {last['spec_replicas']} replicas, {last['nodes']} nodes" if last else "no sample")),
+        _check("replicas go 0 -> N after the silence", doc.get("min_replicas_seen") == 0 and bool(n),
+               f"min replicas seen {doc.get('min_replicas_seen')}, most ordered after the silence {n}"),
+    ]
+
+
+def _cold_start(context: CheckContext, *, node_s: float) -> dict:
+    """The first request after the silence admitted within one cold start: a node's wait (`node_s`, 0 on a
+    warm slot), a pod start-up, and the margin; not before the fastest pod start-up."""
+    config = context.config
+    fastest = config.startup_s * (1 - config.startup_jitter_ratio / 2)
+    bound = node_s + config.startup_s * (1 + config.startup_jitter_ratio) + WAKE_MARGIN_S
+    took = context.doc.get("cold_start_s")
+    return _check(f"first request admitted after one cold start ({fastest:.0f}-{bound:.0f} s)",
+                  took is not None and fastest <= took <= bound,
+                  f"{took} s from the first request after the silence (first answer after "
+                  f"{context.doc.get('first_answer_s')} s); held {context.doc.get('held_requests')}, hold p99 "
+                  f"{context.doc.get('hold_p99_s')} s, dropped {context.doc.get('dropped_held')}")
+
+
+def scale_to_zero(context: CheckContext) -> list[dict]:
+    timings = context.doc.get("simulated", {}).get("node_timings") or {}
+    node_s = max(context.config.node_provisioning_s, timings.get("provisioning_p90_s") or 0.0)
+    return _to_zero(context) + [_cold_start(context, node_s=node_s)]
+
+
+def scale_to_zero_warm(context: CheckContext) -> list[dict]:
+    return _to_zero(context) + [_cold_start(context, node_s=0.0)]

@@ -36,6 +36,11 @@ class E2EConfig:
     node_shape: NodeShape = ONE_GPU
     server: ServerModel = field(default_factory=lambda: ServerModel(concurrency=8))
     policy: dict = field(default_factory=dict)  # PolicySpec fields over the defaults below, at factor 1
+    # Scale to zero: the admission endpoint's max_hold_s at factor 1 (None: the product's default, whose
+    # 60-s margin is not compressed), and warm slots kept for the model outside the controller's own warm
+    # pool (placeholders pooled for it by the fleet), which scale to zero leaves in place.
+    max_hold_s: float | None = None
+    pooled_warm_slots: int = 0
 
     def spec(self) -> PolicySpec:
         """The predictive policy at factor 1 (what the simulator runs)."""

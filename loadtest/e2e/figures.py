@@ -1,11 +1,20 @@
 """The figures of a closed-loop run, from what the client saw and what the apiserver recorded, and the same
 figures from the simulator on the same trace and parameters.
 
-- `slo_attainment` per class: requests answered 200 whose queue wait (the server's `x-queue-seconds`) was
-  within the SLO, over all requests of the class (a shed or lost request is a miss);
+- `slo_attainment` per class: requests answered 200 whose queue wait (the server's `x-queue-seconds`, plus
+  the hold at the gateway for a held request) was within the SLO, over all requests of the class (a shed,
+  dropped or lost request is a miss);
 - `p99_latency_s` per class: p99 of the whole exchange of answered requests; `p99_queue_wait_s` overall;
 - `shed_fraction` per class: answered 429 by the gateway;
-- `lost_requests`: admitted (not shed) but never answered (a connection error or a 5xx);
+- `lost_requests`: admitted (not shed) but never answered (a connection error or a 5xx other than a
+  deliberate 503 with Retry-After: a request held for a replica that did not come within `max_hold_s`);
+- scale to zero (`holds`, `wake`): a request is held when it waited at the gateway (its whole exchange less
+  the server's queue and service time) longer than `HELD_MIN_WALL_S` of wall clock, which a request that
+  is not held never does (the admission endpoint's ordinary subrequest times out at 250 ms);
+  `held_requests`, `hold_p50_s`, `hold_p99_s` of the held, `dropped_held` (503 with Retry-After);
+  `min_replicas_seen`; `cold_start_s`: from the first request after the silence to the first one admitted
+  to a replica; `first_answer_s`: to the end of the first answer; `replicas_after_wake`: the most replicas
+  ordered after it;
 - `gpu_hours`: GPUs x lifetime of every GPU node while the scenario ran, from its NodeClaim's creation (the
   instance's launch) to its removal (nodes are what is paid for: warm slots, idle nodes and nodes still
   starting included), at factor 1;
@@ -17,7 +26,53 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.sim.run import RunResult
+from autoscaler.sim.workload import ServerModel
 from loadtest.measure import warm_pool_gpu_hours
+
+HELD_MIN_WALL_S = 0.5
+
+
+def deliberate_503(record: dict) -> bool:
+    """A 503 with Retry-After: the gateway's answer to a request held longer than `max_hold_s`."""
+    return record["status"] == 503 and record.get("retry_after") is not None
+
+
+def annotate_holds(records: list[dict], requests: dict, *, server: ServerModel, factor: float) -> None:
+    """Give each record its `hold_s` at the gateway (0.0 unless held; see the module docstring). `requests`: by
+    index, with their token counts (the server's service time, at factor 1)."""
+    for r in records:
+        if r["status"] == 200 and r["queue_s"] is not None and r["latency_s"] is not None:
+            req = requests[r["i"]]
+            waited = r["latency_s"] - r["queue_s"] - server.service_s(req.input_tokens, req.output_tokens)
+        else:
+            waited = r["latency_s"] if deliberate_503(r) and r["latency_s"] is not None else 0.0
+        r["hold_s"] = waited if waited > HELD_MIN_WALL_S * factor else 0.0
+
+
+def holds(records: list[dict]) -> dict:
+    held = [r["hold_s"] for r in records if r.get("hold_s", 0.0) > 0]
+
+    def pct(q: float) -> float | None:
+        return round(float(np.percentile(held, q)), 1) if held else None
+
+    return {"held_requests": len(held), "hold_p50_s": pct(50), "hold_p99_s": pct(99),
+            "dropped_held": sum(1 for r in records if deliberate_503(r))}
+
+
+def wake(records: list[dict], timeline: list[dict], *, after_s: float) -> dict:
+    """How the model came back from zero for the requests sent from `after_s` on (scenario time, factor 1)."""
+    later = [r for r in records if r["sent_s"] >= after_s]
+    first = min((r["sent_s"] for r in later), default=None)
+    answered = [r for r in later if r["status"] == 200]
+    ordered = [r["spec_replicas"] for r in timeline if r["spec_replicas"] is not None]
+    return {
+        "min_replicas_seen": min(ordered, default=None),
+        "cold_start_s": round(min(r["sent_s"] + r.get("hold_s", 0.0) for r in answered) - first, 1)
+        if answered else None,
+        "first_answer_s": round(min(r["sent_s"] + r["latency_s"] for r in answered) - first, 1) if answered else None,
+        "replicas_after_wake": max((r["spec_replicas"] for r in timeline
+                                    if r["t_s"] >= after_s and r["spec_replicas"] is not None), default=None),
+    }
 
 
 def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) -> dict:
@@ -30,12 +85,13 @@ def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) 
     for cls, rows in by_class.items():
         if not rows:
             continue
-        met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None and r["queue_s"] <= slo_s)
+        met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
+                  and r["queue_s"] + r.get("hold_s", 0.0) <= slo_s)
         attainment[cls] = met / len(rows)
         latencies = [r["latency_s"] for r in rows if r["status"] == 200]
         p99[cls] = float(np.percentile(latencies, 99)) if latencies else None
         shed[cls] = sum(1 for r in rows if r["status"] == 429) / len(rows)
-        lost += sum(1 for r in rows if r["status"] == 0 or r["status"] >= 500)
+        lost += sum(1 for r in rows if r["status"] == 0 or (r["status"] >= 500 and not deliberate_503(r)))
         admitted_waits += [r["queue_s"] for r in rows if r["status"] == 200 and r["queue_s"] is not None]
     return {
         "requests": len(records),

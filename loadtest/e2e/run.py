@@ -17,7 +17,8 @@ from loadtest import scenarios
 from loadtest.e2e import checks
 from loadtest.e2e.checks import CheckContext
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.figures import client_figures, gaps, gpu_hours, node_timings, simulated_figures
+from loadtest.e2e.figures import (annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings,
+                                  simulated_figures, wake)
 from loadtest.e2e.stack import Stack, stack
 from loadtest.loadgen import Request, write_requests
 from policies import decide, initial_state
@@ -108,10 +109,13 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         events = st.events()
         lifetimes = dict(st.lifetimes)
         logs = {c.name: c.log.read_text() for c in st.controllers}
+        endpoint_holds = sum(v for c in st.controllers for k, v in c.metrics().items()
+                             if k.startswith("autoscaler_admission_hold_seconds_count"))
     fleet_file = out / "work" / "fleet.jsonl"
     fleet_events = ([json.loads(x) for x in fleet_file.read_text().splitlines() if x.strip()]
                     if fleet_file.exists() else [])
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    annotate_holds(records, {r.i: r for r in requests}, server=config.server, factor=factor)
     live = client_figures(records, workload.classes, config.slo_s)
     cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)
     live["gpu_hours"] = cost["nodes"]
@@ -136,10 +140,13 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         "lost_requests": live["lost_requests"], "late_sends": live["late_sends"],
         "max_pending_replicas": live["max_pending_replicas"], "simulated": simulated,
         "sim_gap": gaps(live, simulated), "actions": notes,
+        **holds(records), "held_requests_endpoint": endpoint_holds,
     }
+    if "burst" in scenario.windows:  # scale to zero: the burst after the silence wakes the model
+        doc.update(wake(records, timeline, after_s=scenario.windows["burst"][0] * 60.0))
     context = CheckContext(doc=doc, timeline=timeline, events=events, records=records, logs=logs,
                            fleet_events=fleet_events, config=config, sim=sim, windows=scenario.windows)
-    doc["checks"] = scenario.check(context) + checks.common(context)
+    doc["checks"] = scenario.check(context) + checks.common(context, twin=scenario.twin_checked)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
     (out / "result.json").write_text(json.dumps(doc, indent=2))

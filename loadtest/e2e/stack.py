@@ -36,6 +36,7 @@ from loadtest.realservers import free_port, prometheus, stop, wait_http
 NAMESPACE = "llm"
 MODEL = "model"
 PLACEHOLDER_CLASS = "inference-autoscaler-placeholder"
+POOLED = "pooled-warm"  # the placeholders pooled for the model by the fleet, not by its controller
 MODEL_PORT = 8000
 # The control plane and Karpenter yield the CPU to the data path (gateway, servers, controller, load): at a
 # time compression of 10, a 0.2-s stall of a model server is a 2-s queue wait, the whole SLO.
@@ -72,6 +73,22 @@ def model_deployment(config: E2EConfig, replicas: int) -> dict:
     }
 
 
+def pooled_placeholders(config: E2EConfig, slots: int) -> dict:
+    """Warm slots pooled for the model outside the controller's warm pool (`E2EConfig.pooled_warm_slots`): pause
+    pods shaped like one replica at the placeholder priority, which the scheduler preempts for a replica; each
+    keeps a GPU node up while the model is at zero."""
+    pod = model_deployment(config, slots)["spec"]["template"]["spec"]
+    labels = {"app": POOLED}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": POOLED, "namespace": NAMESPACE},
+        "spec": {"replicas": slots, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
+                 "spec": {"nodeSelector": pod["nodeSelector"], "priorityClassName": PLACEHOLDER_CLASS,
+                          "terminationGracePeriodSeconds": 0,
+                          "containers": [{"name": "placeholder", "image": "registry.k8s.io/pause:3.10",
+                                          "resources": pod["containers"][0]["resources"]}]}}},
+    }
+
+
 def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission_port: int) -> dict:
     f = config.factor
     return {
@@ -89,7 +106,8 @@ def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission
         "scrape": {"port": MODEL_PORT},
         "policy": config.live_spec(),
         "warm_pool": {"enabled": True, "priority_class": PLACEHOLDER_CLASS},
-        "admission": {"port": admission_port, "queue_probe_interval_s": config.probe_s / f},
+        "admission": {"port": admission_port, "queue_probe_interval_s": config.probe_s / f,
+                      **({"max_hold_s": config.max_hold_s / f} if config.max_hold_s is not None else {})},
         "leader_election": {"lease_duration_s": 15.0 / f, "renew_deadline_s": 10.0 / f, "retry_period_s": 2.0 / f},
     }
 
@@ -176,6 +194,7 @@ class Stack:
         claims = self._get(f"/apis/karpenter.sh/v1/nodeclaims?labelSelector=karpenter.sh%2Fnodepool%3D{POOL}")
         model = {"pending": 0, "starting": 0, "ready": 0}
         warm = {"pending": 0, "ready": 0}
+        pooled = {"pending": 0, "ready": 0}
         seen = set()
         for pod in pods:
             meta, facts = pod["metadata"], pod_facts(pod)
@@ -195,6 +214,8 @@ class Stack:
             if kind == "model":
                 state = "ready" if ready else ("starting" if facts.node else "pending")
                 model[state] += 1
+            elif facts.labels.get("app") == POOLED:
+                pooled["ready" if ready else "pending"] += 1
             else:
                 warm["ready" if ready else "pending"] += 1
         for node in nodes:
@@ -229,7 +250,8 @@ class Stack:
             "spec_replicas": deploy.get("spec", {}).get("replicas"),
             "decided": metrics.get("autoscaler_decided_replicas"),
             "warm_decided": metrics.get("autoscaler_warm_slots"),
-            "model": model, "warm": warm, "nodes": len(nodes),
+            "model": model, "warm": warm, "pooled": pooled, "nodes": len(nodes),
+            "held": metrics.get("autoscaler_admission_held_requests"),
             "shed": {k.split('"')[1]: v for k, v in metrics.items() if k.startswith("autoscaler_shed_ratio{")},
             "unschedulable": metrics.get("autoscaler_unschedulable_replicas"),
             "leader": leader,
@@ -270,6 +292,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
                   "metadata": {"name": PLACEHOLDER_CLASS}, "value": -5, "preemptionPolicy": "Never",
                   "globalDefault": False})
         cp.apply(model_deployment(config, initial_replicas))
+        if config.pooled_warm_slots:
+            cp.apply(pooled_placeholders(config, config.pooled_warm_slots))
         targets = work / "targets.json"
         upstreams = work / "upstreams.conf"
         targets.write_text("[]")
@@ -291,12 +315,14 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
              "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
              "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file",
              str(targets), "--upstreams-file", str(upstreams), "--nginx-pid-file", str(nginx_pid),
-             "--events-file", str(work / "fleet.jsonl")],
+             "--events-file", str(work / "fleet.jsonl"), "--service-port", str(free_port())],
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
         st = Stack(config, cp, karp, ctrls, url, prom, work)
         wait_until(lambda: st.sample()["model"]["ready"] >= initial_replicas, 120 + 2 * (config.node_provisioning_s
                    + config.startup_s * 1.5) / f, what=f"{initial_replicas} model replicas Ready")
+        wait_until(lambda: st.sample()["pooled"]["ready"] >= config.pooled_warm_slots,
+                   120 + 2 * config.node_provisioning_s / f, what=f"{config.pooled_warm_slots} pooled warm slots Ready")
         wait_until(lambda: len(json.loads(targets.read_text() or "[]")[0]["targets"]) >= initial_replicas
                    if targets.read_text().strip() not in ("", "[]") else False, 30, what="the fleet serving")
         for c in ctrls:

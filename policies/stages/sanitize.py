@@ -168,10 +168,25 @@ def _cluster(cluster: ClusterState | None, now: float, max_age_s: float, dropped
     return replace(cluster, **bad) if bad else cluster
 
 
+def nothing_serving(spec: PolicySpec, clean: Clean, woke_at_s: float | None) -> Clean:
+    """Scale to zero: with no Ready replica, at zero or waking, and the gateway's `held_requests` reported,
+    in-flight requests read 0. No pod serves, so none reports (in a cluster whose metrics come from the pods
+    they are missing, not late): nothing is in flight at a server, and the held requests are the demand.
+    Without this the decision held (`valid=False`) at zero: the admission endpoint, which holds only on a
+    valid decision, admitted the waking request to no server, and nothing woke the model. Not while serving:
+    a model whose replicas all went unready keeps holding on the missing signal (no scale-down on it)."""
+    cluster = clean.cluster
+    if (spec.idle_after_s is None or cluster is None or clean.held_requests is None or clean.in_flight is not None
+            or cluster.ready_replicas > 0 or (cluster.spec_replicas > 0 and woke_at_s is None)):
+        return clean
+    return replace(clean, in_flight=0.0)
+
+
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """The tick's signals cleaned, the counter and the signals seen remembered; no cluster state: hold."""
     state = tick.state
     clean, counter = sanitize(spec, tick.signals, state.last_counter, tick.now, state.seen)
+    clean = nothing_serving(spec, clean, state.woke_at_s)
     state = replace(state, last_counter=counter, seen=state.seen | present(tick.signals))
     current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
     hold = "no usable cluster state" if clean.cluster is None else None
