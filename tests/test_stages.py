@@ -334,6 +334,22 @@ def test_shedding_takes_the_excess_from_the_lowest_priority_only(spec):
     assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
 
 
+def test_a_backlog_is_the_guards_while_it_covers_the_shed_classes():
+    """10 replicas x 16 slots at 1 s serve ~150 req/s within the SLO: 120 req/s needs no shedding, and the
+    400 queued behind a burst drain within seconds, which the guard (on the live queue) covers. A shed level
+    sized to drain them in one SLO would reject sheddable requests for the whole next tick."""
+    spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
+    rates = {"critical": 24.0, "standard": 60.0, "sheddable": 36.0}
+    clean, _ = sanitize(spec, signals(0.0, rate=120.0, queue=400.0, service=1.0, spec_replicas=10,
+                                      by_priority=rates), None, 0.0)
+    assert "sheddable" in saturation_depths(spec, 10, 1.0)
+    assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
+    unguarded = spec.model_copy(update={"guard_priority_below": -1})  # no guard: the level drains the queue
+    assert saturation_depths(unguarded, 10, 1.0) == {}
+    levels, reasons = shed_levels(unguarded, clean, 1.0)
+    assert levels["sheddable"] > 0.0 and reasons
+
+
 def test_saturation_guard_never_covers_the_highest_priority():
     spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
     depths = saturation_depths(spec, ready_replicas=40, service_s=0.7)
