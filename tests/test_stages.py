@@ -392,6 +392,29 @@ def test_an_implausible_drop_to_zero_is_held_as_an_outage_then_accepted():
     assert fs.history[-1] == 0.0  # the silence is learned from then on
 
 
+def test_traffic_back_after_a_long_silence_is_the_level_it_interrupted_not_a_burst():
+    """Half an hour of nothing (the 5-minute outage hold long expired, the zeros learned, the forecast near 0),
+    then traffic returns: the predictive stage sizes for the 100 req/s the silence interrupted at once."""
+    from policies.stages import predictive
+    from policies.types import PolicyState, Tick
+
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _feed(spec, [100.0] * 80)
+    for i in range(120):
+        fs = fc.observe(spec, fs, 0.0, now + 15.0 * i)
+    assert fc.point(fs, 1) < 10.0
+    back_s = now + 15.0 * 120
+    fs = fc.observe(spec, fs, 30.0, back_s)  # the first tick of the return
+    clean, _ = sanitize(spec, signals(back_s, rate=30.0, service=1.0, spec_replicas=1), None, back_s)
+    tick = Tick(signals=signals(back_s), now=back_s, state=PolicyState(forecast=fs), clean=clean, service_s=1.0,
+                startup_s=120.0, lead_s=420.0)
+    after = predictive.stage(spec, tick)
+    assert after.predicted is not None and after.predicted[1] >= 95.0
+    assert any("traffic back after a silence" in line for line in after.reasons)
+    assert fc.returning(fs, back_s, 420.0) == pytest.approx(100.0, rel=0.05)
+    assert fc.returning(fs, back_s + 420.0, 420.0) is None  # one lead time: the forecast's own again
+
+
 def test_on_off_traffic_is_never_an_outage():
     spec = PolicySpec()
     fs, now = _feed(spec, ([600.0] * 6 + [0.0] * 10) * 20)
