@@ -334,6 +334,31 @@ def test_shedding_takes_the_excess_from_the_lowest_priority_only(spec):
     assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
 
 
+def test_steady_traffic_scales_down_after_one_lead_time_bursty_traffic_after_the_window():
+    """40 replicas recommended 300 s ago, 30 now, a lead time of 140 s: with a burst envelope of 1.3 x the
+    forecast (steady) the 40 are released; at 6 x (on/off bursts) the 600-s window holds them."""
+    from policies.stages import bounds
+    from policies.types import PolicyState, Tick
+
+    spec = PolicySpec(max_replicas=100)
+    now = 10_000.0
+    clean, _ = sanitize(spec, signals(now, rate=30.0, spec_replicas=40), None, now)
+    state = PolicyState(recommendations=((now - 300.0, 40), (now - 15.0, 30)))
+
+    def decided(ratio):
+        tick = Tick(signals=signals(now), now=now, state=state, clean=clean, current=40, lead_s=140.0,
+                    replicas=30, quantiles=(ratio, 50.0))
+        return bounds.stage(spec, tick)
+
+    assert decided(1.3).replicas == 30
+    bursty = decided(6.0)
+    assert bursty.replicas == 40 and any("holding 40" in line for line in bursty.reasons)
+    assert decided(None).replicas == 40  # no envelope yet: not known to be steady
+    never = spec.model_copy(update={"steady_burst_ratio": 0.0})
+    assert bounds.stage(never, Tick(signals=signals(now), now=now, state=state, clean=clean, current=40,
+                                    lead_s=140.0, replicas=30, quantiles=(1.3, 50.0))).replicas == 40
+
+
 def test_a_backlog_is_the_guards_while_it_covers_the_shed_classes():
     """10 replicas x 16 slots at 1 s serve ~150 req/s within the SLO: 120 req/s needs no shedding, and the
     400 queued behind a burst drain within seconds, which the guard (on the live queue) covers. A shed level
