@@ -35,8 +35,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     predicted = fc.forecast(spec, fs, now=tick.now, start_s=tick.lead_s, end_s=tick.lead_s + spec.tick_s,
                             quantiles=quantiles)
     if predicted is not None:
-        predicted, why = _after_silence(tick, predicted)
-        lines += why
+        predicted, back = _after_silence(tick, predicted)
+        lines += back
     replicas = None
     if predicted is not None:
         replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
