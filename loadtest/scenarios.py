@@ -115,6 +115,8 @@ PROFILES: dict[str, Profile] = {name: s.profile for name, s in SCENARIOS.items()
     # a long-tail model: 20-minute sessions two hours apart, silent in between (scale to zero)
     "on-off-4h": Profile(((0, 1.0), (20, 1.0), (20.01, 0.0), (120, 0.0), (120.01, 1.0), (140, 1.0), (140.01, 0.0),
                           (240, 0.0), (240.01, 1.0), (260, 1.0))),
+    # traffic that stops for hours (an outage upstream, a client pausing) and comes back at its usual level
+    "silence": Profile(((0, 1.0), (90, 1.0), (90.01, 0.0), (270, 0.0), (270.01, 1.0), (360, 1.0))),
 }
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 

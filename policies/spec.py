@@ -85,6 +85,10 @@ class PolicySpec(BaseModel):
     scale_down_stabilization_s: float = Field(
         600.0, ge=0, description="Scale down only to the max recommendation of this window (>= lead time)."
     )
+    steady_burst_ratio: float = Field(
+        1.5, ge=0, description="Traffic whose p99 per-tick rate / forecast over burst_lookback_s is at most this "
+        "is steady: scale-down waits one lead time, not scale_down_stabilization_s (0: never steady)."
+    )
     max_warm_slots: int = Field(8, ge=0, description="Upper bound on placeholder (warm) GPU slots.")
     warm_growth_quantile: float = Field(
         0.99, gt=0, le=1, description="Warm capacity covers growth up to this quantile of past increases over the "

@@ -136,6 +136,10 @@ class ForecastState:
     rates: tuple[float, ...] = ()
     # Start of an abrupt drop to (near) zero that the model finds implausible: an ingress outage.
     outage_since_s: float | None = None
+    # What such a drop interrupted (the rate the model expected when it began), remembered through the
+    # silence however long, and when traffic came back after it (see forecast.py, "Silence").
+    interrupted_per_s: float | None = None
+    returned_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

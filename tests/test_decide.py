@@ -266,7 +266,8 @@ def test_replicas_running_above_max_are_brought_to_it_at_once_and_said_so():
     (ten minutes) while the actuator clamped to 64: the decision and the action disagreed."""
     from policies import PolicySpec
 
-    spec = PolicySpec(max_replicas=64)
+    # a constant rate is steady traffic, whose window is one lead time: the full window is what is tested here
+    spec = PolicySpec(max_replicas=64, steady_burst_ratio=0.0)
     state, replicas = initial_state(), 100
     for i in range(40):  # ten minutes of 15-s ticks
         now = i * 15.0

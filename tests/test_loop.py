@@ -218,6 +218,8 @@ def test_a_follower_that_takes_the_lease_holds_the_leaders_replicas_for_a_window
     c, cluster = controller(values={"arrival_rate_per_s": 8.0, "in_flight": 8.0, "queue_depth": 0.0,
                                     "service_time_s": 1.0}, replicas=12)
     c.is_leader = lambda: leading["now"]
+    # constant traffic is steady, whose window is one lead time: the full stabilization window is tested here
+    c.settings = settings("actuate", steady_burst_ratio=0.0)
     window_ticks = int(c.settings.policy.scale_down_stabilization_s / c.settings.tick_s)
     ticks(c, 2 * window_ticks)  # longer than a window: a first tick's hold has aged out
     assert cluster.replicas == 12 and c.scaler.calls == []  # a follower writes nothing

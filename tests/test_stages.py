@@ -334,6 +334,47 @@ def test_shedding_takes_the_excess_from_the_lowest_priority_only(spec):
     assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
 
 
+def test_steady_traffic_scales_down_after_one_lead_time_bursty_traffic_after_the_window():
+    """40 replicas recommended 300 s ago, 30 now, a lead time of 140 s: with a burst envelope of 1.3 x the
+    forecast (steady) the 40 are released; at 6 x (on/off bursts) the 600-s window holds them."""
+    from policies.stages import bounds
+    from policies.types import PolicyState, Tick
+
+    spec = PolicySpec(max_replicas=100)
+    now = 10_000.0
+    clean, _ = sanitize(spec, signals(now, rate=30.0, spec_replicas=40), None, now)
+    state = PolicyState(recommendations=((now - 300.0, 40), (now - 15.0, 30)))
+
+    def decided(ratio):
+        tick = Tick(signals=signals(now), now=now, state=state, clean=clean, current=40, lead_s=140.0,
+                    replicas=30, quantiles=(ratio, 50.0))
+        return bounds.stage(spec, tick)
+
+    assert decided(1.3).replicas == 30
+    bursty = decided(6.0)
+    assert bursty.replicas == 40 and any("holding 40" in line for line in bursty.reasons)
+    assert decided(None).replicas == 40  # no envelope yet: not known to be steady
+    never = spec.model_copy(update={"steady_burst_ratio": 0.0})
+    assert bounds.stage(never, Tick(signals=signals(now), now=now, state=state, clean=clean, current=40,
+                                    lead_s=140.0, replicas=30, quantiles=(1.3, 50.0))).replicas == 40
+
+
+def test_a_backlog_is_the_guards_while_it_covers_the_shed_classes():
+    """10 replicas x 16 slots at 1 s serve ~150 req/s within the SLO: 120 req/s needs no shedding, and the
+    400 queued behind a burst drain within seconds, which the guard (on the live queue) covers. A shed level
+    sized to drain them in one SLO would reject sheddable requests for the whole next tick."""
+    spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
+    rates = {"critical": 24.0, "standard": 60.0, "sheddable": 36.0}
+    clean, _ = sanitize(spec, signals(0.0, rate=120.0, queue=400.0, service=1.0, spec_replicas=10,
+                                      by_priority=rates), None, 0.0)
+    assert "sheddable" in saturation_depths(spec, 10, 1.0)
+    assert shed_levels(spec, clean, 1.0)[0] == {"sheddable": 0.0}
+    unguarded = spec.model_copy(update={"guard_priority_below": -1})  # no guard: the level drains the queue
+    assert saturation_depths(unguarded, 10, 1.0) == {}
+    levels, reasons = shed_levels(unguarded, clean, 1.0)
+    assert levels["sheddable"] > 0.0 and reasons
+
+
 def test_saturation_guard_never_covers_the_highest_priority():
     spec = PolicySpec(replica_concurrency=16, slo_queue_wait_s=2.0)
     depths = saturation_depths(spec, ready_replicas=40, service_s=0.7)
@@ -374,6 +415,29 @@ def test_an_implausible_drop_to_zero_is_held_as_an_outage_then_accepted():
         fs = fc.observe(spec, fs, 0.0, now + 15.0 * i)
     assert not fc.outage_held(spec, fs, now + 15.0 * 99)
     assert fs.history[-1] == 0.0  # the silence is learned from then on
+
+
+def test_traffic_back_after_a_long_silence_is_the_level_it_interrupted_not_a_burst():
+    """Half an hour of nothing (the 5-minute outage hold long expired, the zeros learned, the forecast near 0),
+    then traffic returns: the predictive stage sizes for the 100 req/s the silence interrupted at once."""
+    from policies.stages import predictive
+    from policies.types import PolicyState, Tick
+
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _feed(spec, [100.0] * 80)
+    for i in range(120):
+        fs = fc.observe(spec, fs, 0.0, now + 15.0 * i)
+    assert fc.point(fs, 1) < 10.0
+    back_s = now + 15.0 * 120
+    fs = fc.observe(spec, fs, 30.0, back_s)  # the first tick of the return
+    clean, _ = sanitize(spec, signals(back_s, rate=30.0, service=1.0, spec_replicas=1), None, back_s)
+    tick = Tick(signals=signals(back_s), now=back_s, state=PolicyState(forecast=fs), clean=clean, service_s=1.0,
+                startup_s=120.0, lead_s=420.0)
+    after = predictive.stage(spec, tick)
+    assert after.predicted is not None and after.predicted[1] >= 95.0
+    assert any("traffic back after a silence" in line for line in after.reasons)
+    assert fc.returning(fs, back_s, 420.0) == pytest.approx(100.0, rel=0.05)
+    assert fc.returning(fs, back_s + 420.0, 420.0) is None  # one lead time: the forecast's own again
 
 
 def test_on_off_traffic_is_never_an_outage():

@@ -5,6 +5,11 @@
 - scale-down: to the highest recommendation within the stabilization window, which is never shorter than
   the current lead time: capacity released now could not come back before then. A fresh state counts the
   current replicas as a recommendation, so a (re)started controller never scales down on its first tick.
+- lean when steady: `scale_down_stabilization_s` beyond the lead time is insurance against bursts the
+  forecast does not cover. While the traffic's own burst envelope says it is steady (the p99 of per-tick
+  rate / forecast over `burst_lookback_s` at or under `steady_burst_ratio`), the predictive figure, sized
+  for that p99 at now + lead time, already covers them, and the window is the lead time alone. On steady
+  Mooncake the window's max over noisy recommendations held 2-3 replicas (about 8 %) above the forecast's.
 - min/max hold over both: replicas running outside [min_replicas, max_replicas] (a controller started
   beside 100 replicas with max 64, or beside none with min 10) are brought to the bound at once, as the
   HPA does, with a reason. Stabilization would otherwise hold 100 for a window, the actuator clamp to 64,
@@ -31,12 +36,13 @@ def bound(
     recommendations: tuple[tuple[float, int], ...],
     lead_s: float,
     now: float,
+    steady: bool = False,
 ) -> tuple[int, tuple[tuple[float, int], ...], list[str]]:
     reasons: list[str] = []
     clamped = min(spec.max_replicas, max(spec.min_replicas, wanted))
     if clamped != wanted:
         reasons.append(f"bounds: {wanted} clamped to [{spec.min_replicas}, {spec.max_replicas}]")
-    window = max(spec.scale_down_stabilization_s, lead_s)
+    window = lead_s if steady else max(spec.scale_down_stabilization_s, lead_s)
     if not recommendations:
         # A controller that just started (or restarted) knows nothing of the last window: what runs now
         # counts as a recommendation, so it cannot scale down before a full window of its own evidence.
@@ -47,7 +53,8 @@ def bound(
         stabilized = min(current, max(r for _, r in history))
         held = min(stabilized, spec.max_replicas)  # what runs above max_replicas is not held (below)
         if held > clamped:
-            reasons.append(f"bounds: holding {held} (highest need in the last {window:.0f} s)")
+            reasons.append(f"bounds: holding {held} (highest need in the last {window:.0f} s"
+                           + (", one lead time: steady traffic)" if steady else ")"))
         result = stabilized
     limit = current + max(spec.scale_up_limit_replicas, math.ceil(spec.scale_up_limit_ratio * current))
     if result > limit:
@@ -67,13 +74,19 @@ def within_bounds(spec: PolicySpec, replicas: int, current: int, reasons: list[s
     return replicas
 
 
+def steady(spec: PolicySpec, tick: Tick) -> bool:
+    """The traffic's burst envelope (the predictive stage's p99 of rate / forecast) within `steady_burst_ratio`."""
+    ratio = tick.quantiles[0]
+    return ratio is not None and spec.steady_burst_ratio > 0 and ratio <= spec.steady_burst_ratio
+
+
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """The wanted replicas bounded; while a demand signal is missing, never below what runs. Names what
     sanitize dropped."""
     assert tick.clean is not None
     replicas, recommendations, why = bound(spec, wanted=tick.replicas, current=tick.current,
                                            recommendations=tick.state.recommendations, lead_s=tick.lead_s,
-                                           now=tick.now)
+                                           now=tick.now, steady=steady(spec, tick))
     if blocks_scale_down(tick.clean.dropped) and replicas < min(tick.current, spec.max_replicas):
         replicas = min(tick.current, spec.max_replicas)
         why.append("hold: not scaling down while demand signals are missing")

@@ -33,6 +33,16 @@ requests in the tick (under Poisson, practically impossible) and such drops are 
 not a change in demand: an upstream failure whose traffic comes back all at once. For up to
 `outage_hold_s` they are not learned, so the forecast (and the capacity sized on it) holds; a drop that
 lasts longer is accepted as real.
+
+Silence: what such a drop interrupted (the rate the model expected when it began) is remembered for as long
+as the silence lasts, after the hold too, when the history has learned the zeros and the fleet has gone to
+its floor. Traffic that comes back after it (a tick at `_RETURN_RATIO` of that rate or more) is the expected
+level returning, not a burst to confirm: `returning` gives the interrupted rate from that tick for as long
+as the caller asks (the predictive stage: one lead time, until capacity ordered at the return has landed).
+Both mistakes have a price: taking a return that fades for the old level pays one lead time of the old
+fleet's GPUs; taking a return that holds for a burst pays a cold start of missed requests (a model whose
+forecast learned hours of zeros orders nothing until the burst is confirmed, then follows the rate up).
+The memory is dropped `burst_lookback_s` after the return.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ _REFIT_GROWTH = 1.5
 _OUTAGE_RATIO = 0.05
 _OUTAGE_MIN_EXPECTED = 20.0  # requests per tick
 _OUTAGE_MAX_SHARE = 0.01
+_RETURN_RATIO = 0.1  # of the interrupted rate: the traffic is back (10x the outage threshold)
 _LEVEL_ALPHA = 0.5
 _MAX_RATIO = 50.0
 _MIN_RATIOS = 8
@@ -181,8 +192,11 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
         fs = _fit(spec, fs, now)
     if rate is None:
         return fs
+    fs = _silence(spec, fs, rate, now)
     if _implausible_drop(spec, fs, rate):
         since = fs.outage_since_s if fs.outage_since_s is not None else now
+        if fs.interrupted_per_s is None or fs.returned_at_s is not None:
+            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None)
         if now - since < spec.outage_hold_s:
             return replace(fs, outage_since_s=since)  # not learned: the forecast holds
     elif fs.outage_since_s is not None:
@@ -198,6 +212,27 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
             ratios = (ratios + (ratio,))[-_kept(spec):]
     rates = (fs.rates + (rate,))[-_kept(spec):]
     return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates)
+
+
+def _silence(spec: PolicySpec, fs: ForecastState, rate: float, now: float) -> ForecastState:
+    """The silence's memory after this tick's rate: the return marked, or the memory dropped once the
+    return is `burst_lookback_s` old (see the module docstring)."""
+    if fs.interrupted_per_s is None:
+        return fs
+    if fs.returned_at_s is not None:
+        if now - fs.returned_at_s >= spec.burst_lookback_s:
+            return replace(fs, interrupted_per_s=None, returned_at_s=None)
+        return fs
+    if rate >= _RETURN_RATIO * fs.interrupted_per_s:
+        return replace(fs, returned_at_s=now)
+    return fs
+
+
+def returning(fs: ForecastState, now: float, within_s: float) -> float | None:
+    """The rate a silence interrupted, if traffic came back after it within the last `within_s`."""
+    if fs.interrupted_per_s is None or fs.returned_at_s is None or now - fs.returned_at_s >= within_s:
+        return None
+    return fs.interrupted_per_s
 
 
 def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:

@@ -7,6 +7,10 @@ feedback's headroom, is sized like every rate (`sizing.replicas_for_rate`). Whil
 (capacity already paid for) can take it, so it is ready when the demand is; without a free slot such a
 replica would land after node provisioning too, and the combine stage follows the climb tick by tick.
 E.g. 10 replicas for the forecast, a climb to 14 replicas' worth, 3 warm slots: 3 ordered now, 13 in all.
+
+Traffic back after a silence (`forecast.returning`): for one lead time from its first tick, the forecast is
+at least the rate the silence interrupted, so the fleet for it is ordered at once instead of after a burst
+confirmation on a model that learned hours of zeros.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     lines = [why] if why else []
     predicted = fc.forecast(spec, fs, now=tick.now, start_s=tick.lead_s, end_s=tick.lead_s + spec.tick_s,
                             quantiles=quantiles)
+    if predicted is not None:
+        predicted, back = _after_silence(tick, predicted)
+        lines += back
     replicas = None
     if predicted is not None:
         replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
@@ -43,6 +50,17 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
             lines.append(f"forecast: demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s; "
                          f"{early} replicas ordered now onto warm or idle slots")
     return tick.then(lines, quantiles=quantiles, predicted=predicted, predictive=replicas)
+
+
+def _after_silence(tick: Tick, predicted: tuple[float, float]) -> tuple[tuple[float, float], list[str]]:
+    """The forecast when traffic is back after a silence: at least the rate it interrupted, for one lead
+    time from the return (see the module docstring)."""
+    back = fc.returning(tick.state.forecast, tick.now, tick.lead_s)
+    if back is None or back <= predicted[1]:
+        return predicted, []
+    return (max(predicted[0], back), back), [
+        f"forecast: traffic back after a silence: the {back:.1f} req/s it interrupted is expected, not a burst "
+        f"to confirm (if it fades: one lead time of GPUs; if it were confirmed first: a cold start of misses)"]
 
 
 def _early(spec: PolicySpec, tick: Tick, predictive: int) -> int:
