@@ -241,6 +241,18 @@ def test_arrival_seed_moves_the_draws_not_the_window_counts():
     np.testing.assert_allclose(a.reshape(20, -1).sum(axis=1), b.reshape(20, -1).sum(axis=1))
 
 
+def test_tick_arrivals_are_drawn_once_per_workload_tick_and_seed():
+    """Every policy of a benchmark (every point of a frontier) replays the same draws: drawn once, read-only."""
+    workload = _rate_workload(np.full((2, 20), 5.0), np.full((2, 20), 30.0))
+    a = tick_arrivals(workload, 15.0, seed=5)
+    assert tick_arrivals(workload, 15.0, seed=5) is a and not a.flags.writeable
+    assert tick_arrivals(workload, 15.0, seed=6) is not a and tick_arrivals(workload, 30.0, seed=5) is not a
+    twin = _rate_workload(np.full((2, 20), 5.0), np.full((2, 20), 30.0))  # equal, but another workload
+    b = tick_arrivals(twin, 15.0, seed=5)
+    assert b is not a
+    np.testing.assert_array_equal(a, b)
+
+
 def test_the_simulators_follow_the_policys_classes():
     """Classes come from the spec, not a fixed three: two classes with other names, in both simulators, and a
     rate workload whose mix changes window by window (as a recording's per-priority series do)."""

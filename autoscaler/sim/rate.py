@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -51,8 +52,26 @@ SHED_NOTICED = 0.5  # requests: a tick counts as shedding a class when at least 
 _POINTS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
+# The draws are a pure function of the workload, the tick and the seed, and a benchmark replays every policy
+# (a frontier every knob of every policy) on one workload: drawn once per process, kept for the last few
+# workloads (the workload object itself is the key, so it stays alive while its draws are kept).
+_DRAWS_KEPT = 4
+_drawn: list[tuple[RateWorkload, float, int, np.ndarray]] = []
+
+
 def tick_arrivals(workload: RateWorkload, tick_s: float, seed: int = 5) -> np.ndarray:
-    """The arrival count of every tick, drawn once for all policies.
+    """The arrival count of every tick (read-only), drawn once for all policies (`_draw`)."""
+    for kept, kept_tick_s, kept_seed, counts in _drawn:
+        if kept is workload and kept_tick_s == tick_s and kept_seed == seed:
+            return counts
+    counts = _draw(workload, tick_s, seed)
+    counts.flags.writeable = False
+    _drawn[:] = [(workload, tick_s, seed, counts)] + _drawn[: _DRAWS_KEPT - 1]
+    return counts
+
+
+def _draw(workload: RateWorkload, tick_s: float, seed: int) -> np.ndarray:
+    """The arrival count of every tick.
 
     Each client's requests of a window (rate x window, as the trace states) are spread over the window's
     ticks with Dirichlet weights of concentration mean / ca2 per tick: normalised Gamma draws, so a tick's
@@ -81,16 +100,17 @@ def tick_arrivals(workload: RateWorkload, tick_s: float, seed: int = 5) -> np.nd
     return total
 
 
-def _guarded_tail(*, c_eff: float, rho: float, rates: np.ndarray, depth: np.ndarray):
+def _guarded_tail(*, c_eff: float, rho: float, rates: Sequence[float], depth: Sequence[float]):
     """P(queue >= q) seen by an arrival in M/M/c whose arrival rate drops at each guard depth (a
     birth-death chain: the queue's ratio is rho below the first depth, then the share of the load still
     admitted). `c_eff` is the unguarded chain's probability of waiting, which fixes the weight of the
     no-queue states; the guarded chain puts less mass on long queues, so its own probability of waiting
     is smaller. Returns q -> P(Q >= q)."""
-    total = float(rates.sum())
-    order = sorted(float(d) for d in set(depth[np.isfinite(depth)].tolist()))
+    total = _total(rates)
+    order = sorted({float(d) for d in depth if math.isfinite(d)})
     bounds = [0.0] + order
-    ratios = [rho * float(rates[depth > d].sum()) / total if total > 0 else 0.0 for d in bounds]
+    ratios = [rho * _total([r for r, dr in zip(rates, depth) if dr > d]) / total if total > 0 else 0.0
+              for d in bounds]
     logs = [math.log(max(r, 1e-300)) for r in ratios]
     start = [0.0]  # log of the chain's weight at each bound
     for i in range(1, len(bounds)):
@@ -123,6 +143,15 @@ def _beyond(start: list[float], ratios: list[float], bounds: list[float], i: int
     return total
 
 
+def _total(values: Iterable[float]) -> float:
+    """The sum in numpy's order for a few values (from 0.0, in sequence), so the per-class figures in
+    plain floats are the bits numpy's arrays gave (the builtin `sum` compensates from Python 3.12 on)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
 class RateSim:
     def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
                  max_hold_s: float | None = None):
@@ -134,18 +163,31 @@ class RateSim:
         self.classes = workload.classes
         self.backlog = 0.0
         self.c_eff = 0.0  # P(wait) of the queueing component, relaxing towards Erlang C
-        self.recent: deque[tuple[float, np.ndarray, float]] = deque()  # (time, arrivals by class, tokens)
+        self.recent: deque[tuple[float, list[float], float]] = deque()  # (time, arrivals by class, tokens)
         self.last = (0.0, 0.0, 0.0)  # queue, in-flight, p99
-        self.total = np.zeros(len(self.classes))
-        self.met = np.zeros(len(self.classes))
-        self.shed = np.zeros(len(self.classes))
-        self.shed_ticks = np.zeros(len(self.classes), dtype=int)  # ticks in which a class had requests shed
+        # Per class, in plain floats: with three classes numpy's per-call cost was most of a tick's (the
+        # same IEEE operations in the same order, so the same bits; `_total` sums in numpy's order).
+        n = len(self.classes)
+        self._total, self._met, self._shed = [0.0] * n, [0.0] * n, [0.0] * n
+        self._shed_ticks = [0] * n  # ticks in which a class had requests shed
+        self._shares: dict[int, list[float]] = {}
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
         self.holds = Holds(max_hold_s) if max_hold_s is not None else None
         self._pending: list[tuple[float, float]] = []  # (requests, held since) while no replica is ready
 
+    total = property(lambda self: np.array(self._total))
+    met = property(lambda self: np.array(self._met))
+    shed = property(lambda self: np.array(self._shed))
+    shed_ticks = property(lambda self: np.array(self._shed_ticks))
+
     def _window(self, t: float) -> int:
         return min(len(self.w.rate_per_s) - 1, max(0, int(t // self.w.window_s)))
+
+    def _class_shares(self, window: int) -> list[float]:
+        shares = self._shares.get(window)
+        if shares is None:
+            shares = self._shares[window] = self.w.shares(window).tolist()
+        return shares
 
     def signals(self, now: float, cluster: Cluster) -> Signals:
         if now <= 0:
@@ -153,7 +195,7 @@ class RateSim:
         while self.recent and now - self.recent[0][0] > RATE_WINDOW_S:
             self.recent.popleft()
         span = min(RATE_WINDOW_S, max(len(self.recent) * self.tick_s, self.tick_s))
-        by_class = self.recent[-1][1] / self.tick_s if self.recent else np.zeros(len(self.classes))
+        by_class = [a / self.tick_s for a in self.recent[-1][1]] if self.recent else [0.0] * len(self.classes)
         tokens = sum(t for _, _, t in self.recent) / span
         queue, in_flight, p99 = self.last
         state = cluster.state()
@@ -165,9 +207,9 @@ class RateSim:
             p99_latency_s=Sample(p99, now),
             gpu_memory_headroom_ratio=Sample(1.0 - min(1.0, in_flight / capacity) if capacity else 0.0, now),
             token_rate_per_s=Sample(tokens, now),
-            arrival_rate_per_s=Sample(float(by_class.sum()), now),
+            arrival_rate_per_s=Sample(_total(by_class), now),
             service_time_s=Sample(float(self.w.service_s[self._window(now - self.tick_s)]), now),
-            arrival_rate_by_priority={c: float(by_class[i]) for i, c in enumerate(self.classes)},
+            arrival_rate_by_priority=dict(zip(self.classes, by_class)),
             held_requests=Sample(sum(r for r, _ in self._pending), now) if self.holds is not None else None,
         )
 
@@ -178,18 +220,17 @@ class RateSim:
         win = self._window(start)
         service = float(self.w.service_s[win])
         arrivals = float(self.arrivals[min(len(self.arrivals) - 1, int(round(start / self.tick_s)))])
-        by_class = arrivals * self.w.shares(win)
-        levels = np.array([shed.get(c, 0.0) for c in self.classes])
-        shed_now = by_class * levels
-        offered_by_class = by_class - shed_now
+        by_class = [arrivals * share for share in self._class_shares(win)]
+        shed_now = [b * shed.get(c, 0.0) for b, c in zip(by_class, self.classes)]
+        offered_by_class = [b - x for b, x in zip(by_class, shed_now)]
         self.recent.append((end, by_class, arrivals * float(self.w.output_tokens[win])))
 
         slots = cluster.ready(start + dt / 2) * self.k
         mu = slots / service  # requests/s the ready slots complete
-        depth = np.array((guard or Guard()).depths(self.classes))
+        depth = (guard or Guard()).depths(self.classes)
         admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
-        shed_now += rejected
-        admitted = float(admitted_by_class.sum())
+        shed_now = [x + r for x, r in zip(shed_now, rejected)]
+        admitted = _total(admitted_by_class)
         if self.holds is not None:
             self._hold(start, end, cluster, admitted)
         offered = admitted / dt * service
@@ -207,33 +248,37 @@ class RateSim:
         # Without a fluid backlog: the M/M/c tail, or with guard depths below the SLO's queue, the tail of
         # the guarded chain: a guarded class is rejected while the queue is at its depth (shed), admitted
         # ones wait less than that; the highest class misses when the queue is past the SLO's.
-        no_backlog = 1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0
-        guarded = np.isfinite(depth) & (depth < self.slo_s * mu)
-        if theta > 0 and guarded.any():
+        n = len(self.classes)
+        no_backlog = [1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0] * n
+        guarded = [math.isfinite(d) and d < self.slo_s * mu for d in depth]
+        reject = [0.0] * n
+        if theta > 0 and any(guarded):
             rho = offered / slots
-            tail = _guarded_tail(c_eff=c_wait, rho=rho, rates=offered_by_class / dt,
-                                 depth=np.where(guarded, depth, np.inf))
-            reject = np.where(guarded, [tail(d) for d in depth], 0.0)
+            tail = _guarded_tail(c_eff=c_wait, rho=rho, rates=[o / dt for o in offered_by_class],
+                                 depth=[d if g else math.inf for d, g in zip(depth, guarded)])
+            reject = [tail(d) if g else 0.0 for d, g in zip(depth, guarded)]
             # the queue ahead drains at random: the unguarded chain's P(Q >= q) = C rho^q matches
             # P(W > SLO) = C exp(-theta SLO) at q = theta SLO / -ln(rho)
             q_slo = theta * self.slo_s / -math.log(rho) if 0.0 < rho < 1.0 else 0.0
-            no_backlog = np.where(guarded, 1.0 - reject, 1.0 - tail(q_slo))
-        else:
-            reject = np.zeros(len(self.classes))
-        met = np.zeros(len(self.classes))
+            top = 1.0 - tail(q_slo)
+            no_backlog = [1.0 - r if g else top for r, g in zip(reject, guarded)]
+        met = [0.0] * n
         for amount, w in waits:
             if w <= 0.0:
-                met += amount * no_backlog
-                shed_now += amount * reject
-                admitted -= float((amount * reject).sum())
+                met = [m + a * nb for m, a, nb in zip(met, amount, no_backlog)]
+                lost = [a * r for a, r in zip(amount, reject)]
+                shed_now = [x + y for x, y in zip(shed_now, lost)]
+                admitted -= _total(lost)
             elif w <= self.slo_s:
-                met += amount  # every slot is busy: the fluid backlog is the queue, a request waits its drain
+                met = [m + a for m, a in zip(met, amount)]  # every slot is busy: the fluid backlog is the
+                # queue, a request waits its drain
 
-        self.total += by_class
-        self.shed += shed_now
-        self.shed_ticks += shed_now >= SHED_NOTICED
-        self.met += met
-        wmid = sum(float(a.sum()) * w for a, w in waits) / admitted if admitted > 0 else 0.0
+        for i in range(n):
+            self._total[i] += by_class[i]
+            self._shed[i] += shed_now[i]
+            self._shed_ticks[i] += shed_now[i] >= SHED_NOTICED
+            self._met[i] += met[i]
+        wmid = sum(_total(a) * w for a, w in waits) / admitted if admitted > 0 else 0.0
         self._mixture.append((admitted, min(wmid, 1e6), c_wait, theta))
 
         queued_before = max(self.last[0], self.backlog)  # the queue reading the tick starts from
@@ -251,36 +296,42 @@ class RateSim:
         self.last = (min(b1 + lq, queued_before + max(0.0, admitted)), in_flight, p99)
 
     def _fluid(
-        self, offered: np.ndarray, mu: float, dt: float, depth: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, float]], float]:
+        self, offered: list[float], mu: float, dt: float, depth: list[float]
+    ) -> tuple[list[float], list[float], list[tuple[list[float], float]], float]:
         """The fluid backlog over one tick: (admitted by class, rejected by class, [(admitted by class, fluid
         wait)], backlog at the end). The admission endpoint carries each probe reading forward with its
         own admissions, free slots and drain, which in the fluid is the backlog itself: a guarded class is
         admitted while the backlog is below its depth, rejected above it, and at its depth just enough of
         it is admitted to hold the backlog there. Piecewise linear: at most a few segments per tick."""
         b = self.backlog
-        rate = offered / dt
-        zero = np.zeros_like(offered)
-        if not np.isfinite(depth).any() or (b <= 0 and float(rate.sum()) <= mu):
-            b1 = max(0.0, b + (float(rate.sum()) - mu) * dt)
+        rate = [o / dt for o in offered]
+        zero = [0.0] * len(offered)
+        finite = [math.isfinite(d) for d in depth]
+        if not any(finite) or (b <= 0 and _total(rate) <= mu):
+            b1 = max(0.0, b + (_total(rate) - mu) * dt)
             if mu <= 0:
                 return offered, zero, [(offered, math.inf)], b1
-            return offered, zero, [(offered / len(_POINTS), (b + (b1 - b) * p) / mu) for p in _POINTS], b1
+            fifth = [o / len(_POINTS) for o in offered]
+            return offered, zero, [(fifth, (b + (b1 - b) * p) / mu) for p in _POINTS], b1
         levels = sorted({float(d) for d in depth if math.isfinite(d)} | {0.0})
-        admitted, waits, left = zero.copy(), [], dt
+        admitted: list[float] = zero
+        waits: list[tuple[list[float], float]] = []
+        left = dt
         for _ in range(2 * len(levels) + 4):  # each segment ends at a depth, or the tick ends
             if left <= 1e-9:
                 break
-            below, at = depth > b + 1e-9, np.abs(depth - b) <= 1e-9
-            r_below, r_at = float(rate[below].sum()), float(rate[at].sum())
+            below = [d > b + 1e-9 for d in depth]
+            at = [abs(d - b) <= 1e-9 for d in depth]
+            r_below = _total([r for r, x in zip(rate, below) if x])
+            r_at = _total([r for r, x in zip(rate, at) if x])
             if mu > 0 and r_at > 0 and r_below <= mu <= r_below + r_at:  # held at a depth
-                share = np.where(below, 1.0, np.where(at, (mu - r_below) / r_at, 0.0))
-                step = rate * share * left
-                admitted += step
+                share = [1.0 if x else (mu - r_below) / r_at if y else 0.0 for x, y in zip(below, at)]
+                step = [r * sh * left for r, sh in zip(rate, share)]
+                admitted = [a + st for a, st in zip(admitted, step)]
                 waits.append((step, b / mu))
                 break
-            share = np.where(below | (at & (r_below + r_at < mu)), 1.0, 0.0)
-            slope = float((rate * share).sum()) - mu
+            share = [1.0 if x or (y and r_below + r_at < mu) else 0.0 for x, y in zip(below, at)]
+            slope = _total([r * sh for r, sh in zip(rate, share)]) - mu
             if slope > 0:
                 target = min((d for d in levels if d > b + 1e-9), default=math.inf)
             elif slope < 0:
@@ -289,12 +340,14 @@ class RateSim:
                 target = b
             span = left if target == b else min(left, (target - b) / slope)
             end = target if span < left else max(0.0, b + slope * span)
-            step = rate * share * span
-            admitted += step
+            step = [r * sh * span for r, sh in zip(rate, share)]
+            admitted = [a + st for a, st in zip(admitted, step)]
+            fifth = [st / len(_POINTS) for st in step]
             for p in _POINTS:
-                waits.append((step / len(_POINTS), (b + (end - b) * p) / mu if mu > 0 else math.inf))
+                waits.append((fifth, (b + (end - b) * p) / mu if mu > 0 else math.inf))
             b, left = end, left - span
-        return admitted, np.where(np.isfinite(depth), np.maximum(offered - admitted, 0.0), 0.0), waits, b
+        rejected = [max(o - a, 0.0) if f else 0.0 for o, a, f in zip(offered, admitted, finite)]
+        return admitted, rejected, waits, b
 
     def _hold(self, start: float, end: float, cluster: Cluster, admitted: float) -> None:
         """Hold the tick's admitted arrivals if no replica is ready at its middle; release every held request

@@ -47,6 +47,7 @@ The memory is dropped `burst_lookback_s` after the return.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import replace
@@ -111,11 +112,38 @@ def point(fs: ForecastState, steps: int) -> float:
 
 
 def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
-    from statsmodels.tsa.holtwinters import ExponentialSmoothing
-
     y = np.asarray(fs.history, dtype=float)
     m = spec.season_buckets
     seasonal = len(y) >= spec.seasonal_min_cycles * m
+    fitted = _fitted(y.tobytes(), m, seasonal)
+    if fitted is None:
+        return replace(fs, fitted_at_s=now)
+    alpha, beta, phi, level, trend, gamma, season = fitted
+    return replace(
+        fs,
+        kind="holt-winters" if seasonal else "holt",
+        fitted_at_s=now,
+        fitted_buckets=len(y),
+        alpha=alpha, beta=beta, phi=phi, level=level, trend=trend,
+        gamma=gamma, season=season, season_pos=0,
+    )
+
+
+# A fit is a pure function of the history's bits and the model's shape, and statsmodels' fit is most of a
+# replay's cost; replays that see the same demand history (a frontier's capacity points, a benchmark's
+# policy variants, in one process) fit it once. 128 fits (16 KB of history and a season of floats each,
+# about 3 MB at most) hold every refit of a 14-day replay; a live controller refits a few times a day.
+_FITS_KEPT = 128
+_Fitted = tuple[float, float, float, float, float, float, tuple[float, ...]]
+
+
+@functools.lru_cache(maxsize=_FITS_KEPT)
+def _fitted(history: bytes, m: int, seasonal: bool) -> _Fitted | None:
+    """(alpha, beta, phi, level, trend, gamma, season) of statsmodels' fit on the history (float64 bytes);
+    None when the fit fails or its figures are not finite."""
+    from statsmodels.tsa.holtwinters import ExponentialSmoothing
+
+    y = np.frombuffer(history, dtype=float).copy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -129,27 +157,20 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
                                              bounds=_BOUNDS)
             r = model.fit()
         except (ValueError, np.linalg.LinAlgError):
-            return replace(fs, fitted_at_s=now)
+            return None
     p = r.params
     values = [p["smoothing_level"], p["smoothing_trend"], p["damping_trend"], r.level[-1], r.trend[-1]]
     if not all(math.isfinite(v) for v in values):
-        return replace(fs, fitted_at_s=now)
+        return None
     season: tuple[float, ...] = ()
     gamma = 0.0
     if seasonal:
         season = tuple(float(v) for v in r.season[-m:])
         gamma = float(p["smoothing_seasonal"])
         if not all(math.isfinite(v) for v in season) or not math.isfinite(gamma):
-            return replace(fs, fitted_at_s=now)
-    return replace(
-        fs,
-        kind="holt-winters" if seasonal else "holt",
-        fitted_at_s=now,
-        fitted_buckets=len(y),
-        alpha=float(values[0]), beta=float(values[1]), phi=float(values[2]),
-        level=float(values[3]), trend=float(values[4]),
-        gamma=gamma, season=season, season_pos=0,
-    )
+            return None
+    alpha, beta, phi, level, trend = (float(v) for v in values)
+    return alpha, beta, phi, level, trend, gamma, season
 
 
 def _wanted_kind(spec: PolicySpec, n: int) -> str:
