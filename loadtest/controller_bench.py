@@ -191,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated ticks (15 s) after which to print resident memory, comma-separated "
                         "(default: %(default)s: an hour and a day)")
     p.add_argument("--targets", default=None,
-                   help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500)")
+                   help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500; "
+                        "default: the single-model modes)")
     p.add_argument("--fleet-ticks", type=int, default=10, help="measured fleet ticks per N (default: %(default)s)")
     p.add_argument("--pods", action="store_true",
-                   help="fleet mode: the Deployments get their pods (scheduler, kwok nodes), which the cache holds")
-    p.add_argument("--json", action="store_true", help="fleet mode: one JSON object per N instead of the table")
+                   help="fleet mode: the Deployments get their pods (scheduler, kwok nodes), which the cache holds "
+                        "(default: no pods)")
+    p.add_argument("--json", action="store_true", help="fleet mode: one JSON object per N instead of the table (default: the table)")
     args = p.parse_args(argv)
     quiet_logs()
     if args.targets is not None:
