@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", action="store_true",
                    help="fleet mode: the Deployments get their pods (scheduler, kwok nodes), which the cache holds "
                         "(default: no pods)")
-    p.add_argument("--json", action="store_true", help="fleet mode: one JSON object per N instead of the table (default: the table)")
+    p.add_argument("--json", action="store_true",
+                   help="fleet mode: one JSON object per N instead of the table (default: the table)")
     args = p.parse_args(argv)
     quiet_logs()
     if args.targets is not None:
