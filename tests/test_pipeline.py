@@ -97,3 +97,14 @@ def test_a_tick_is_frozen():
     with pytest.raises(AttributeError):
         tick.replicas = 3  # type: ignore[misc]
     assert tick.then(["x"], replicas=3) == replace(tick, replicas=3, reasons=("x",))
+
+
+def test_a_tick_copy_shares_nothing_mutable_with_its_original_and_checks_its_field_names():
+    tick = Tick(signals=Signals(), now=0.0, state=initial_state(), reasons=("a",))
+    copy = tick.then(["b"], replicas=2)
+    assert (tick.replicas, tick.reasons) == (0, ("a",)) and (copy.replicas, copy.reasons) == (2, ("a", "b"))
+    assert copy.__dict__ is not tick.__dict__
+    with pytest.raises(AttributeError):
+        copy.replicas = 5  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field"):
+        tick.then(replica=2)
