@@ -64,7 +64,10 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
                 listed = {key: await listing_state(kube, s, now) for key, s in models.items()}
                 cached = {key: await cache.cluster_source(key, s).read(now) for key, s in models.items()}
                 big = listed[(ns, "big")]
-                if (listed == cached and listed[(ns, "medium")].ready_replicas == 2
+                # Settled: every pod of `big` Ready or unschedulable, and no idle slot left. The slots are the
+                # whole cluster's: a pod of an earlier test's namespace that goes away frees a GPU, which stays
+                # idle until the scheduler retries `big`'s waiting pods (after their backoff).
+                if (listed == cached and listed[(ns, "medium")].ready_replicas == 2 and big.idle_slots == 0
                         and big.ready_replicas + big.unschedulable_pods == MODELS["big"]):
                     break
                 for key in models:

@@ -21,8 +21,10 @@ PAUSE = "registry.k8s.io/pause:3.10"
 def fleet(cluster, namespace):
     """Two model namespaces beside `namespace` (which holds the pooled placeholders), a placeholder
     PriorityClass, and one 8-GPU kwok node only this test's pods select (label `pool` = `namespace`), all
-    removed afterwards."""
+    removed afterwards. The node has no `type=kwok` label: the other tests' pods select that, and those still
+    waiting for a GPU (of a namespace being deleted, say) would take the node's GPUs before this test's."""
     node = gpu_node(f"{namespace}-n0")
+    del node["metadata"]["labels"]["type"]
     node["metadata"]["labels"].update({"pool": namespace, "kubernetes.io/hostname": node["metadata"]["name"]})
     assert cluster.request("POST", "/api/v1/nodes", node)[0] == 201
     models = [f"{namespace}-a", f"{namespace}-b"]
@@ -80,8 +82,9 @@ def test_a_pooled_slot_goes_to_whichever_model_scales_first_and_is_refilled(clus
         pooled = PooledWarmPool(kube, namespace=namespace, priority_class=priority, pause_image=PAUSE, max_slots=8)
 
         async def a_ready():
-            return all(p["status"].get("phase") == "Running" for p in pods(cluster, ns_a, "app%3Dmodel"))
-        await until(a_ready)
+            found = pods(cluster, ns_a, "app%3Dmodel")
+            return found and all(p["status"].get("phase") == "Running" for p in found)
+        assert await until(a_ready), "model A's replica did not start"
         await pooled.ensure({4: 1}, await templates(kube, [ns_a, ns_b]))
         return await until(lambda: _ready(pooled, {4: 1}))
 
