@@ -363,7 +363,9 @@ def test_watch_relists_when_its_resource_version_is_gone_and_names_invalid_objec
         watch = ObjectWatch(kube, namespaces=(ns,), base=base_config(fleet_settings(ns)), on_error=errors.append)
         stop = asyncio.Event()
         # resuming from a resourceVersion etcd no longer serves: 410 Gone, so the watch lists again
-        task = asyncio.create_task(watch._watch(ns, stop, resource_version="1"))
+        [informer] = watch.informers
+        informer.resource_version = "1"
+        task = asyncio.create_task(watch.run(stop))
         try:
             await until(lambda: (ns, "a") in watch.objects and (ns, "b") in watch.objects)
             assert watch.objects[(ns, "a")].settings.target.name == "a"
@@ -374,8 +376,9 @@ def test_watch_relists_when_its_resource_version_is_gone_and_names_invalid_objec
             stop.set()
             task.cancel()
             await kube.close()
+        return informer.relists
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == 1
     assert errors == []  # a 410 is no error, only a re-list
 
 

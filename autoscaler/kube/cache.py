@@ -28,7 +28,7 @@ from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from autoscaler.config import Settings
-from autoscaler.errors import PermanentError, TransientError
+from autoscaler.errors import EdgeError, PermanentError, TransientError
 from autoscaler.kube.client import Kube, translate
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.pods import FINISHED_PHASES
@@ -43,59 +43,85 @@ BACKOFF_MAX_S = 30.0
 Key = tuple[str, str]
 
 
+def _meta(obj: Any) -> tuple[str, str, dict]:
+    """(namespace, name, labels) of a typed object (V1Pod...) or of a custom object (a dict)."""
+    if isinstance(obj, dict):
+        meta = obj.get("metadata") or {}
+        return meta.get("namespace") or "", meta.get("name", ""), meta.get("labels") or {}
+    return obj.metadata.namespace or "", obj.metadata.name, obj.metadata.labels or {}
+
+
 def object_key(obj: Any) -> Key:
-    return (obj.metadata.namespace or "", obj.metadata.name)
+    return _meta(obj)[:2]
+
+
+def _listed(listed: Any) -> tuple[list, str]:
+    """The items and resourceVersion of a list answer, typed or a custom objects' dict."""
+    if isinstance(listed, dict):
+        return listed.get("items", []), listed["metadata"]["resourceVersion"]
+    return listed.items, listed.metadata.resource_version
 
 
 @dataclass
 class Informer:
-    """One kind's items, listed then watched (see the module docstring)."""
+    """One kind's items, listed then watched (see the module docstring). `args`, `kwargs`: of `list_fn` (a
+    namespace, a custom resource's group...); `parse`: what is kept of an object (default: the object, with an
+    index by namespace and by label); `on_error`: told of every failure it backs off from."""
 
     kube: Kube
     what: str
     list_fn: Callable
     kwargs: dict = field(default_factory=dict)
+    args: tuple = ()
     watch_timeout_s: int = WATCH_TIMEOUT_S
+    parse: Callable[[Any], Any] | None = None
+    on_error: Callable[[EdgeError], None] = lambda exc: None
     items: dict[Key, Any] = field(default_factory=dict)
     by_namespace: dict[str, dict[Key, Any]] = field(default_factory=dict)
     by_label: dict[tuple[str, str, str], dict[Key, Any]] = field(default_factory=dict)  # (namespace, key, value)
-    synced: bool = False
+    listed: asyncio.Event = field(default_factory=asyncio.Event)  # set by the first list
     resource_version: str | None = None
     relists: int = 0
     changes: int = 0  # counts every change of `items`, so what is derived from them can be kept until the next
 
-    def _labels(self, key: Key, obj: Any) -> list[tuple[str, str, str]]:
-        return [(key[0], k, v) for k, v in (obj.metadata.labels or {}).items()]
+    @property
+    def synced(self) -> bool:
+        return self.listed.is_set()
 
     def _put(self, obj: Any) -> None:
-        key = object_key(obj)
+        namespace, name, labels = _meta(obj)
+        key = (namespace, name)
         self._drop(obj)  # its labels may have changed
+        if self.parse is not None:  # parsed objects are looked up by key only
+            self.items[key] = self.parse(obj)
+            return
         self.items[key] = obj
-        self.by_namespace.setdefault(key[0], {})[key] = obj
-        for label in self._labels(key, obj):
-            self.by_label.setdefault(label, {})[key] = obj
+        self.by_namespace.setdefault(namespace, {})[key] = obj
+        for label in labels.items():
+            self.by_label.setdefault((namespace, *label), {})[key] = obj
 
     def _drop(self, obj: Any) -> None:
         key = object_key(obj)
         self.changes += 1
         old = self.items.pop(key, None)
         self.by_namespace.get(key[0], {}).pop(key, None)
-        for label in self._labels(key, old) if old is not None else []:
-            self.by_label.get(label, {}).pop(key, None)
+        if old is not None and self.parse is None:
+            for label in _meta(old)[2].items():
+                self.by_label.get((key[0], *label), {}).pop(key, None)
 
     async def _list(self) -> None:
-        listed = await self.kube.call(f"list {self.what}", self.list_fn, **self.kwargs)
+        items, self.resource_version = _listed(
+            await self.kube.call(f"list {self.what}", self.list_fn, *self.args, **self.kwargs))
         self.items, self.by_namespace, self.by_label = {}, {}, {}
         self.changes += 1
-        for obj in listed.items:
+        for obj in items:
             self._put(obj)
-        self.resource_version = listed.metadata.resource_version
-        self.synced = True
+        self.listed.set()
 
     async def _watch(self) -> None:
         stream = watch.Watch()
         try:
-            async for event in stream.stream(self.list_fn, resource_version=self.resource_version,
+            async for event in stream.stream(self.list_fn, *self.args, resource_version=self.resource_version,
                                              timeout_seconds=self.watch_timeout_s, allow_watch_bookmarks=True,
                                              **self.kwargs):
                 if event["type"] == "DELETED":
@@ -107,7 +133,7 @@ class Informer:
             await stream.close()
 
     async def run(self) -> None:
-        """List and watch until cancelled."""
+        """List (unless `resource_version` says where to resume) and watch until cancelled."""
         delay_s = BACKOFF_FIRST_S
         while True:
             try:
@@ -124,10 +150,13 @@ class Informer:
                     continue
                 delay_s = await self._backoff(translate(exc, f"watch {self.what}"), delay_s)
             except Exception as exc:  # noqa: BLE001 - every failure of a watch is retried (logged, backed off)
-                delay_s = await self._backoff(exc, delay_s)
+                delay_s = await self._backoff(exc if isinstance(exc, EdgeError) else
+                                              TransientError(f"watch {self.what}: {exc!r}", kind="watch_failed"),
+                                              delay_s)
 
-    async def _backoff(self, exc: Exception, delay_s: float) -> float:
-        log.warning("watch failed, reconnecting", what=self.what, error=str(exc), retry_in_s=delay_s)
+    async def _backoff(self, exc: EdgeError, delay_s: float) -> float:
+        self.on_error(exc)
+        log.warning("watch failed, reconnecting", what=self.what, kind=exc.kind, error=str(exc), retry_in_s=delay_s)
         await asyncio.sleep(delay_s)
         return min(BACKOFF_MAX_S, delay_s * 2)
 
