@@ -10,7 +10,9 @@ Deployment, the nodes of node waits). Each kind is listed, then watched from the
 
 `cluster_source(key, settings)` is the per-model `ClusterReader`, built as the single-target loop builds it
 (`readers.build_cluster_reader`), reading these items from memory through `CacheReads` (the
-`reads.ClusterReads` seam): the same computation as the listing path, from the same kind of objects.
+`reads.ClusterReads` seam): the same computation as the listing path, from the same kind of objects. With the
+fleet's pooled warm pool (`use_pooled`), a model's warm pool is its view of it (the ready pooled placeholders
+of its shape, `pooledwarm.SharedSlots`), read from the cached Deployments too.
 Until every kind has synced, reads raise a TransientError
 (kind `cache_not_synced`): the tick holds. Writes stay per model, as do the reads the cache does not hold:
 the Kueue LocalQueue and ClusterQueues (`capacity.kueue`) and a CapacityBuffer warm pool's status.
@@ -32,7 +34,9 @@ from autoscaler.errors import EdgeError, PermanentError, TransientError
 from autoscaler.kube.client import Kube, translate
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.pods import FINISHED_PHASES
+from autoscaler.kube.pooledwarm import PooledView, PooledWarmPool, SharedSlots, ready_by_shape
 from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
+from autoscaler.kube.warmpool import WarmPool
 
 log = structlog.get_logger("autoscaler")
 
@@ -211,6 +215,10 @@ class CacheReads:
     async def nodes(self) -> list:
         return list(self._synced("nodes").items.values())
 
+    async def pooled_ready(self, namespace: str) -> dict[int, int]:
+        """The fleet's pooled placeholders' ready replicas per shape (`pooledwarm.ready_by_shape`)."""
+        return ready_by_shape(self._synced("deployments").by_namespace.get(namespace, {}).values())
+
     async def node(self, name: str):
         found = self._synced("nodes").items.get(("", name))
         if found is None:
@@ -237,6 +245,7 @@ class KubeCache:
                                field_selector="involvedObject.kind=Pod"),
         }
         self.reads = CacheReads(self.informers)
+        self.pooled: PooledWarmPool | None = None
         self._tasks: list[asyncio.Task] = []
         self._sources: dict[Key, tuple[Settings, ClusterReader]] = {}
 
@@ -262,12 +271,33 @@ class KubeCache:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
+    def use_pooled(self, pooled: PooledWarmPool | None) -> None:
+        """The fleet's pooled warm pool (None: each model has its own): from now on each model's warm pool is
+        its view of it, as `fleet.model.ModelBuilder` gives its controller."""
+        self.pooled = pooled
+        self._sources.clear()
+
+    def _warm_pool(self, settings: Settings) -> WarmPool | None:
+        """The model's own warm pool, or its view of the pooled one: the ready slots of its shape, its
+        template and the slots read from the cache."""
+        if self.pooled is None:
+            return build_warm_pool(settings, self.kube, reads=self.reads)
+        target, reads, namespace = settings.target, self.reads, self.pooled.namespace
+
+        async def template():
+            return (await reads.workload(target.namespace, target.kind, target.name)).spec.template
+
+        async def ready():
+            return await reads.pooled_ready(namespace)
+
+        return SharedSlots(PooledView(self.pooled.prefix, ready), template)
+
     def cluster_source(self, key: Key, settings: Settings) -> ClusterReader:
         """The model's cluster reader on the cache: the same one while its settings stay the same; a new one
         when they change, which keeps what the old one reported and learned if the target is the same."""
         known = self._sources.get(key)
         if known is None or known[0] != settings:
-            warm_pool = build_warm_pool(settings, self.kube, reads=self.reads)
+            warm_pool = self._warm_pool(settings)
             reader = build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads)
             if known is not None and known[0].target == settings.target:
                 reader.carry_over(known[1])
