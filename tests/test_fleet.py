@@ -305,6 +305,8 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("GET", "/api/v1/pods?watch=true&timeoutSeconds=1", True),  # the cluster cache's watches
     ("GET", "/apis/apps/v1/deployments?watch=true&timeoutSeconds=1", True),
     ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
+    ("GET", "/apis/kueue.x-k8s.io/v1beta1/localqueues?watch=true&timeoutSeconds=1", True),
+    ("GET", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues?watch=true&timeoutSeconds=1", True),
     ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", False),  # only with fleet-shards
     ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])

@@ -112,7 +112,7 @@ def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) ->
     from autoscaler.kube.cache import KubeCache
 
     hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
-    return hub, KubeCache(kube)
+    return hub, KubeCache(kube, kueue_version=settings.capacity.kueue_api_version)
 
 
 def shard_gate(settings: Settings, kube: Kube, *, identity: str, clock: Clock, metrics: FleetMetrics) -> ShardGate:

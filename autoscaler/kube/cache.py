@@ -1,6 +1,7 @@
 """An informer-style cache of the cluster for the fleet (a `ClusterCache`): list once, then watch.
 
-Watched, in every namespace: pods, nodes, Deployments, StatefulSets and the Events about pods: what the
+Watched, in every namespace: pods, nodes, Deployments, StatefulSets, the Events about pods and, when their CRDs
+are served as the cache starts, Kueue's LocalQueues and ClusterQueues: what the
 per-model `ClusterReader` lists each tick (the target, its pods, the provisioners' Events, the nodes and
 every live pod for the idle slots, the namespace's pods for its GPU cap, the placeholder warm pool's
 Deployment, the nodes of node waits). Each kind is listed, then watched from the list's resourceVersion
@@ -15,7 +16,8 @@ fleet's pooled warm pool (`use_pooled`), a model's warm pool is its view of it (
 of its shape, `pooledwarm.SharedSlots`), read from the cached Deployments too.
 Until every kind has synced, reads raise a TransientError
 (kind `cache_not_synced`): the tick holds. Writes stay per model, as do the reads the cache does not hold:
-the Kueue LocalQueue and ClusterQueues (`capacity.kueue`) and a CapacityBuffer warm pool's status.
+the Kueue queues without their CRDs (or at another API version than the cache's), and a CapacityBuffer
+warm pool's status.
 Watching every namespace needs list and watch on these kinds in a ClusterRole.
 """
 
@@ -36,6 +38,7 @@ from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.pods import FINISHED_PHASES
 from autoscaler.kube.pooledwarm import PooledView, PooledWarmPool, SharedSlots, ready_by_shape
 from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
+from autoscaler.kube.reads import KUEUE_GROUP, KUEUE_PLURALS, ApiReads, ClusterReads
 from autoscaler.kube.warmpool import WarmPool
 
 log = structlog.get_logger("autoscaler")
@@ -170,10 +173,11 @@ def _live(pod) -> bool:
 
 
 class CacheReads:
-    """`reads.ClusterReads` from the informers' memory."""
+    """`reads.ClusterReads` from the informers' memory; the Kueue objects from `fallback` (the API) when they
+    have no informer (their CRDs were absent when the cache started, or another API version is asked)."""
 
-    def __init__(self, informers: dict[str, Informer]) -> None:
-        self.informers = informers
+    def __init__(self, informers: dict[str, Informer], *, fallback: ClusterReads, kueue_version: str) -> None:
+        self.informers, self.fallback, self.kueue_version = informers, fallback, kueue_version
         self._live: tuple[int, list] | None = None  # (the pods' changes, every live pod)
 
     def _synced(self, kind: str) -> Informer:
@@ -215,6 +219,24 @@ class CacheReads:
     async def nodes(self) -> list:
         return list(self._synced("nodes").items.values())
 
+    def _kueue_informer(self, plural: str, version: str) -> Informer | None:
+        return self.informers.get(plural) if version == self.kueue_version else None
+
+    async def kueue(self, kind: str, name: str, namespace: str | None = None, *, version: str) -> dict:
+        plural = KUEUE_PLURALS[kind]
+        if self._kueue_informer(plural, version) is None:
+            return await self.fallback.kueue(kind, name, namespace, version=version)
+        found = self._synced(plural).items.get((namespace or "", name))
+        if found is None:
+            where = f"{namespace}/{name}" if namespace else name
+            raise PermanentError(f"read {kind} {where}: not found", kind="not_found")
+        return found
+
+    async def cluster_queues(self, version: str) -> list[dict]:
+        if self._kueue_informer("clusterqueues", version) is None:
+            return await self.fallback.cluster_queues(version)
+        return list(self._synced("clusterqueues").items.values())
+
     async def pooled_ready(self, namespace: str) -> dict[int, int]:
         """The fleet's pooled placeholders' ready replicas per shape (`pooledwarm.ready_by_shape`)."""
         return ready_by_shape(self._synced("deployments").by_namespace.get(namespace, {}).values())
@@ -229,12 +251,14 @@ class CacheReads:
 class KubeCache:
     """The fleet's ClusterCache: `start` the watches, `cluster_source` per model, `stop`."""
 
-    def __init__(self, kube: Kube, *, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
-        self.kube = kube
+    def __init__(self, kube: Kube, *, watch_timeout_s: int = WATCH_TIMEOUT_S, kueue_version: str = "v1beta1") -> None:
+        self.kube, self.kueue_version = kube, kueue_version
         core, apps = kube.core, kube.apps
 
-        def informer(what: str, fn: Callable, **kwargs) -> Informer:
-            return Informer(kube, what, fn, kwargs, watch_timeout_s=watch_timeout_s)
+        def informer(what: str, fn: Callable, *args, **kwargs) -> Informer:
+            return Informer(kube, what, fn, kwargs, args=args, watch_timeout_s=watch_timeout_s)
+
+        self._informer = informer
 
         self.informers = {
             "pods": informer("pods", core.list_pod_for_all_namespaces),
@@ -244,7 +268,7 @@ class KubeCache:
             "events": informer("pod events", core.list_event_for_all_namespaces,
                                field_selector="involvedObject.kind=Pod"),
         }
-        self.reads = CacheReads(self.informers)
+        self.reads = CacheReads(self.informers, fallback=ApiReads(kube), kueue_version=kueue_version)
         self.pooled: PooledWarmPool | None = None
         self._tasks: list[asyncio.Task] = []
         self._sources: dict[Key, tuple[Settings, ClusterReader]] = {}
@@ -253,8 +277,22 @@ class KubeCache:
     def synced(self) -> bool:
         return all(i.synced for i in self.informers.values())
 
+    async def _kueue_informers(self) -> dict[str, Informer]:
+        """Informers of the Kueue LocalQueues and ClusterQueues when their CRDs are served (one list probes it);
+        none otherwise: the budget then reads them per model, as without the cache."""
+        list_fn = self.kube.custom.list_cluster_custom_object
+        try:
+            await self.kube.call("list ClusterQueues", list_fn, KUEUE_GROUP, self.kueue_version, "clusterqueues",
+                                 limit=1)
+        except EdgeError as exc:
+            log.info("Kueue objects not watched", error=str(exc))
+            return {}
+        return {plural: self._informer(plural, list_fn, KUEUE_GROUP, self.kueue_version, plural)
+                for plural in KUEUE_PLURALS.values()}
+
     async def start(self) -> None:
         if not self._tasks:
+            self.informers.update(await self._kueue_informers())
             self._tasks = [asyncio.create_task(i.run(), name=f"watch {i.what}") for i in self.informers.values()]
 
     async def wait_synced(self, timeout_s: float) -> bool:
