@@ -305,6 +305,8 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("GET", "/api/v1/pods?watch=true&timeoutSeconds=1", True),  # the cluster cache's watches
     ("GET", "/apis/apps/v1/deployments?watch=true&timeoutSeconds=1", True),
     ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
+    ("GET", "/apis/kueue.x-k8s.io/v1beta1/localqueues?watch=true&timeoutSeconds=1", True),
+    ("GET", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues?watch=true&timeoutSeconds=1", True),
     ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", False),  # only with fleet-shards
     ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])
@@ -363,7 +365,9 @@ def test_watch_relists_when_its_resource_version_is_gone_and_names_invalid_objec
         watch = ObjectWatch(kube, namespaces=(ns,), base=base_config(fleet_settings(ns)), on_error=errors.append)
         stop = asyncio.Event()
         # resuming from a resourceVersion etcd no longer serves: 410 Gone, so the watch lists again
-        task = asyncio.create_task(watch._watch(ns, stop, resource_version="1"))
+        [informer] = watch.informers
+        informer.resource_version = "1"
+        task = asyncio.create_task(watch.run(stop))
         try:
             await until(lambda: (ns, "a") in watch.objects and (ns, "b") in watch.objects)
             assert watch.objects[(ns, "a")].settings.target.name == "a"
@@ -374,8 +378,9 @@ def test_watch_relists_when_its_resource_version_is_gone_and_names_invalid_objec
             stop.set()
             task.cancel()
             await kube.close()
+        return informer.relists
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == 1
     assert errors == []  # a 410 is no error, only a re-list
 
 

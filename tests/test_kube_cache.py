@@ -64,7 +64,10 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
                 listed = {key: await listing_state(kube, s, now) for key, s in models.items()}
                 cached = {key: await cache.cluster_source(key, s).read(now) for key, s in models.items()}
                 big = listed[(ns, "big")]
-                if (listed == cached and listed[(ns, "medium")].ready_replicas == 2
+                # Settled: every pod of `big` Ready or unschedulable, and no idle slot left. The slots are the
+                # whole cluster's: a pod of an earlier test's namespace that goes away frees a GPU, which stays
+                # idle until the scheduler retries `big`'s waiting pods (after their backoff).
+                if (listed == cached and listed[(ns, "medium")].ready_replicas == 2 and big.idle_slots == 0
                         and big.ready_replicas + big.unschedulable_pods == MODELS["big"]):
                     break
                 for key in models:
@@ -94,6 +97,57 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
     assert [cached[(ns, m)].gpus_held for m in MODELS] == [1.0, 2.0, big.ready_replicas]
     assert reads == 0, requests  # 5 ticks of 3 models: no list, no get
     assert all(i.relists == 0 for i in cache.informers.values())
+
+
+
+def test_kueue_queues_come_from_watches_when_their_crds_exist(cluster, namespace):
+    """With the Kueue CRDs served, the cache watches the LocalQueues and ClusterQueues: a model's quota budget
+    (its ClusterQueue and the cohort's peers) equals the listing reader's, follows a quota change, and ticks
+    make no request."""
+    from test_capacity_kube import cluster_queue, kueue_crds
+
+    kueue_crds(cluster)
+    suffix = namespace.replace("-", "")
+    for name, kwargs in ((f"q-{suffix}", dict(nominal=8, cohort=suffix, used=0)),
+                         (f"peer-{suffix}", dict(nominal=4, cohort=suffix, used=1))):
+        document, status_body = cluster_queue(name, **kwargs)
+        created = cluster.apply(document)
+        created["status"] = status_body
+        assert cluster.request("PUT", f"/apis/kueue.x-k8s.io/v1beta1/clusterqueues/{name}/status", created)[0] == 200
+    cluster.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                   "metadata": {"name": "models", "namespace": namespace}, "spec": {"clusterQueue": f"q-{suffix}"}},
+                  namespace=namespace)
+    body = model_deployment(namespace, "queued", 0)
+    body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "models"
+    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body)[0] == 201
+    key, s = (namespace, "queued"), settings(namespace, "queued")
+
+    async def go(kube):
+        cache = KubeCache(kube)
+        await cache.start()
+        try:
+            assert await cache.wait_synced(30.0) and "clusterqueues" in cache.informers
+            now = time.time()
+            listed = await listing_state(kube, s, now)
+            counter = RequestCounter(kube)
+            cached = [await cache.cluster_source(key, s).read(now) for _ in range(3)]
+            reads = counter.reads()
+            patch = {"spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]}]}]}}
+            assert cluster.request("PATCH", f"/apis/kueue.x-k8s.io/v1beta1/clusterqueues/q-{suffix}", patch)[0] == 200
+            deadline = time.monotonic() + 30
+            while (changed := await cache.cluster_source(key, s).read(time.time())).budget_replicas == 11:
+                assert time.monotonic() < deadline, "the quota change was not seen"
+                await asyncio.sleep(0.2)
+            return listed, cached, reads, changed
+        finally:
+            await cache.stop()
+
+    listed, cached, reads, changed = with_kube(cluster, go)
+    assert listed.budget_replicas == 11 and f"ClusterQueue q-{suffix}" in listed.budget_reason  # 8 + 3 lendable
+    assert all((c.budget_replicas, c.budget_reason) == (listed.budget_replicas, listed.budget_reason) for c in cached)
+    assert reads == 0
+    assert changed.budget_replicas == 5  # 2 nominal + 3 lendable
 
 
 

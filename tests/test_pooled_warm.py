@@ -7,10 +7,13 @@ import time
 
 import pytest
 
+from autoscaler.config import Settings
 from autoscaler.errors import PermanentError
+from autoscaler.kube.cache import KubeCache
 from autoscaler.kube.pooledwarm import SHAPE_LABEL, PooledWarmPool, pool_name
 from autoscaler.kube.warmpool import WARM_POOL_LABEL
 from loadtest.kube.controlplane import gpu_node, model_deployment
+from loadtest.kubecount import RequestCounter
 
 from helpers import with_kube
 
@@ -21,8 +24,10 @@ PAUSE = "registry.k8s.io/pause:3.10"
 def fleet(cluster, namespace):
     """Two model namespaces beside `namespace` (which holds the pooled placeholders), a placeholder
     PriorityClass, and one 8-GPU kwok node only this test's pods select (label `pool` = `namespace`), all
-    removed afterwards."""
+    removed afterwards. The node has no `type=kwok` label: the other tests' pods select that, and those still
+    waiting for a GPU (of a namespace being deleted, say) would take the node's GPUs before this test's."""
     node = gpu_node(f"{namespace}-n0")
+    del node["metadata"]["labels"]["type"]
     node["metadata"]["labels"].update({"pool": namespace, "kubernetes.io/hostname": node["metadata"]["name"]})
     assert cluster.request("POST", "/api/v1/nodes", node)[0] == 201
     models = [f"{namespace}-a", f"{namespace}-b"]
@@ -80,8 +85,9 @@ def test_a_pooled_slot_goes_to_whichever_model_scales_first_and_is_refilled(clus
         pooled = PooledWarmPool(kube, namespace=namespace, priority_class=priority, pause_image=PAUSE, max_slots=8)
 
         async def a_ready():
-            return all(p["status"].get("phase") == "Running" for p in pods(cluster, ns_a, "app%3Dmodel"))
-        await until(a_ready)
+            found = pods(cluster, ns_a, "app%3Dmodel")
+            return found and all(p["status"].get("phase") == "Running" for p in found)
+        assert await until(a_ready), "model A's replica did not start"
         await pooled.ensure({4: 1}, await templates(kube, [ns_a, ns_b]))
         return await until(lambda: _ready(pooled, {4: 1}))
 
@@ -142,6 +148,40 @@ def test_a_shape_whose_models_cannot_share_a_placeholder_is_held_and_a_shape_gon
     assert gone.spec.replicas == 0
     listed = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")[1]["items"]
     assert [d["metadata"]["name"] for d in listed] == ["fleet-warm-1gpu"]  # no 4-GPU pool was made
+
+
+def test_the_cache_gives_each_model_the_ready_pooled_slots_of_its_shape_without_reads(cluster, namespace, fleet):
+    """In fleet mode with the watch cache, a model's warm slots are the fleet's ready pooled placeholders of its
+    shape (so its lead time is the start-up, not the node wait), read from the cache: a tick makes no request."""
+    (ns_a, ns_b), priority, _ = fleet
+    model(cluster, ns_a, replicas=0, pool=namespace)
+    model(cluster, ns_b, replicas=0, pool=namespace, gpus="1")
+
+    async def go(kube):
+        pooled = PooledWarmPool(kube, namespace=namespace, priority_class=priority, pause_image=PAUSE, max_slots=8)
+        await pooled.ensure({4: 1}, await templates(kube, [ns_a]))
+        assert await until(lambda: _ready(pooled, {4: 1})) == {4: 1}
+        cache = KubeCache(kube)
+        cache.use_pooled(pooled)
+        await cache.start()
+        try:
+            assert await cache.wait_synced(30.0)
+            four, one = (Settings(target={"namespace": ns, "name": "model"}, prometheus={"url": "http://127.0.0.1:9"})
+                         for ns in (ns_a, ns_b))
+
+            async def warm_slots():
+                return (await cache.cluster_source((ns_a, "model"), four).read(time.time())).warm_slots_ready
+            assert await until(warm_slots) == 1  # once the watch has seen the placeholder Ready
+            counter = RequestCounter(kube)
+            states = [await cache.cluster_source(key, s).read(time.time())
+                      for key, s in (((ns_a, "model"), four), ((ns_b, "model"), one))]
+            return [s.warm_slots_ready for s in states], counter.reads()
+        finally:
+            await cache.stop()
+
+    slots, reads = with_kube(cluster, go)
+    assert slots == [1, 0]  # the 4-GPU model sees the 4-GPU slot, the 1-GPU model none
+    assert reads == 0
 
 
 async def _ready(pooled, wanted):

@@ -71,6 +71,8 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
     fleet.builder.wake = fleet.wake
     fleet.step = build_step(settings, kube)
     fleet.builder.pooled = fleet.step.pooled if fleet.step is not None else None
+    if hasattr(cache, "use_pooled"):  # the cache builds the models' cluster readers: the same warm pool view
+        cache.use_pooled(fleet.builder.pooled)
     metrics.register_models(lambda: [(k, m.metrics.registry) for k, m in list(fleet.models.items())])
     metrics.status_writes.set_function(lambda: fleet.status.writes if fleet.status else 0)
     parts.tasks.append(watch.run)
@@ -110,7 +112,7 @@ def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) ->
     from autoscaler.kube.cache import KubeCache
 
     hub = FleetPrometheus(session, timeout_s=settings.prometheus.timeout_s) if settings.prometheus.url else None
-    return hub, KubeCache(kube)
+    return hub, KubeCache(kube, kueue_version=settings.capacity.kueue_api_version)
 
 
 def shard_gate(settings: Settings, kube: Kube, *, identity: str, clock: Clock, metrics: FleetMetrics) -> ShardGate:

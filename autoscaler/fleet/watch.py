@@ -1,15 +1,15 @@
 """The ModelAutoscaler objects the fleet serves: list, then watch, kept as a snapshot in memory.
 
-One watch per namespace of `namespaces` (empty: one cluster-wide watch). Each lists the objects, replaces its
-share of the snapshot with the list (so an object deleted while the watch was down is gone), then watches from
-the list's resourceVersion with bookmarks, resuming from the last resourceVersion seen whenever the server ends
-the watch. A 410 Gone (the resourceVersion is older than etcd keeps) re-lists; any other failure waits with
-backoff (doubling from `FIRST_RETRY_S` to `MAX_RETRY_S`) and resumes. Cancellation passes through.
+One `Informer` (autoscaler/kube/cache.py) per namespace of `namespaces` (empty: one cluster-wide), the same
+list-then-watch as the cluster cache's: each lists the objects (so an object deleted while the watch was down is
+gone), then watches from the list's resourceVersion with bookmarks, resuming whenever the server ends the watch;
+a 410 Gone re-lists; any other failure is counted (`on_error`) and retried with backoff. Cancellation passes
+through.
 
-Every object is parsed on arrival: `parse_spec`, then `settings_for` with the process's base config. One that
-does not validate is kept in the snapshot with its error (a log line names it; the status writer reports it as
-Active=False), never raising: one bad object stops nothing else. The fleet controller reads `objects` at the
-start of every tick; it does not need to follow events one by one.
+Every object is parsed on arrival (the informer's `parse`): `parse_spec`, then `settings_for` with the
+process's base config. One that does not validate is kept in the snapshot with its error (a log line names
+it; the status writer reports it as Active=False), never raising: one bad object stops nothing else. The fleet
+controller reads `objects` at the start of every tick; it does not need to follow events one by one.
 """
 
 from __future__ import annotations
@@ -19,24 +19,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
-from kubernetes_asyncio import watch as kube_watch
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from autoscaler.clock import Clock
 from autoscaler.config import Settings
 from autoscaler.crd import GROUP, PLURAL, VERSION, parse_spec, settings_for
 from autoscaler.errors import ConfigError, EdgeError
+from autoscaler.kube.cache import Informer
 from autoscaler.kube.client import Kube
 
 log = structlog.get_logger("autoscaler")
 
 Key = tuple[str, str]
-
-# The server ends each watch after this long (it resumes at once from the last resourceVersion), so a
-# connection that died silently is noticed within it.
-WATCH_TIMEOUT_S = 300
-FIRST_RETRY_S = 0.5
-MAX_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -66,87 +59,35 @@ def understood(obj: dict[str, Any], base: dict[str, Any]) -> ModelObject:
 
 
 class ObjectWatch:
-    """The snapshot `objects` of every ModelAutoscaler in `namespaces` (empty: all), kept current by watches."""
+    """The snapshot `objects` of every ModelAutoscaler in `namespaces` (empty: all), kept current by informers;
+    `synced` is set once every one of them has listed."""
 
     def __init__(self, kube: Kube, *, namespaces: tuple[str, ...] = (), base: dict[str, Any] | None = None,
                  clock: Clock | None = None, on_error: Callable[[EdgeError], None] | None = None) -> None:
-        self.kube = kube
         self.namespaces = tuple(namespaces)
         self.base = dict(base or {})
-        self.clock = clock or kube.clock
-        self.on_error = on_error or (lambda exc: None)
-        self.objects: dict[Key, ModelObject] = {}
-        self.synced = asyncio.Event()  # every watch has listed once
-        self._listed: set[str | None] = set()
+        custom = kube.custom
 
-    def _list_call(self, namespace: str | None):
-        custom = self.kube.custom
-        if namespace is None:
-            return custom.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
-        return custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL)
+        def informer(namespace: str | None) -> Informer:
+            fn, args = ((custom.list_cluster_custom_object, (GROUP, VERSION, PLURAL)) if namespace is None else
+                        (custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL)))
+            return Informer(kube, PLURAL, fn, args=args, parse=lambda obj: understood(obj, self.base),
+                            on_error=on_error or (lambda exc: None))
 
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
-        parsed = understood(obj, self.base)
-        if kind == "DELETED":
-            self.objects.pop(parsed.key, None)
-        else:
-            self.objects[parsed.key] = parsed
+        self.informers = [informer(ns) for ns in self.namespaces or (None,)]
+        self.synced = asyncio.Event()
 
-    async def _relist(self, namespace: str | None) -> str:
-        fn, args = self._list_call(namespace)
-        listed = await self.kube.call(f"list {PLURAL}", fn, *args)
-        fresh = {m.key: m for m in (understood(obj, self.base) for obj in listed.get("items", []))}
-        stale = [k for k in self.objects if namespace is None or k[0] == namespace]
-        for key in stale:
-            if key not in fresh:
-                self.objects.pop(key)
-        self.objects.update(fresh)
-        self._listed.add(namespace)
-        if len(self._listed) == len(self.namespaces or (None,)):
-            self.synced.set()
-        return listed["metadata"]["resourceVersion"]
+    @property
+    def objects(self) -> dict[Key, ModelObject]:
+        return {key: obj for informer in self.informers for key, obj in informer.items.items()}
 
-    async def _follow(self, namespace: str | None, resource_version: str) -> str:
-        """Watch from `resource_version` until the server ends the watch; the last resourceVersion seen."""
-        fn, args = self._list_call(namespace)
-        async with kube_watch.Watch() as stream:
-            async for event in stream.stream(fn, *args, resource_version=resource_version,
-                                             allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_S):
-                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                    self._apply(event["type"], event["raw_object"])
-                resource_version = stream.resource_version or resource_version
-        return resource_version
-
-    async def _watch(self, namespace: str | None, stop: asyncio.Event, resource_version: str | None = None) -> None:
-        """List (unless resuming from `resource_version`), then watch, until `stop`."""
-        delay = FIRST_RETRY_S
-        while not stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = await self._relist(namespace)
-                resource_version = await self._follow(namespace, resource_version)
-                delay = FIRST_RETRY_S
-            except asyncio.CancelledError:
-                raise
-            except ApiException as exc:
-                if exc.status == 410:  # too old: list again, from now
-                    resource_version = None
-                    continue
-                await self._failed(EdgeError(f"watch {PLURAL}: HTTP {exc.status} {exc.reason}",
-                                             kind="watch_failed"), delay)
-                delay = min(MAX_RETRY_S, delay * 2)
-            except Exception as exc:  # noqa: BLE001 - a dropped connection, a list that failed: retried
-                await self._failed(exc if isinstance(exc, EdgeError) else
-                                   EdgeError(f"watch {PLURAL}: {exc!r}", kind="watch_failed"), delay)
-                delay = min(MAX_RETRY_S, delay * 2)
-
-    async def _failed(self, exc: EdgeError, delay_s: float) -> None:
-        self.on_error(exc)
-        log.warning("error", where="watch", kind=exc.kind, error=str(exc), retry_in_s=delay_s)
-        await self.clock.sleep(delay_s)
+    async def _mark_synced(self) -> None:
+        await asyncio.gather(*(informer.listed.wait() for informer in self.informers))
+        self.synced.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(self._watch(ns, stop)) for ns in (self.namespaces or (None,))]
+        tasks = [asyncio.create_task(i.run(), name=f"watch {i.what}") for i in self.informers]
+        tasks.append(asyncio.create_task(self._mark_synced()))
         try:
             await stop.wait()
         finally:

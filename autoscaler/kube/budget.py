@@ -27,7 +27,6 @@ from autoscaler.kube.quantity import effective_resources, parse_quantity
 from autoscaler.kube.reads import ApiReads, ClusterReads
 from autoscaler.kube.warmpool import WARM_POOL_LABEL
 
-KUEUE_GROUP = "kueue.x-k8s.io"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
@@ -125,19 +124,13 @@ class BudgetReader:
                     and WARM_POOL_LABEL not in (p.metadata.labels or {})), Decimal(0))
 
     async def _kueue(self, queue: str, resource: str, ours: Decimal) -> tuple[Decimal, str]:
-        custom, version = self.kube.custom, self.kueue_version
-        local = await self.kube.call(f"read LocalQueue {self.namespace}/{queue}", custom.get_namespaced_custom_object,
-                                     KUEUE_GROUP, version, self.namespace, "localqueues", queue)
+        version = self.kueue_version
+        local = await self.reads.kueue("LocalQueue", queue, self.namespace, version=version)
         cq_name = (local.get("spec") or {}).get("clusterQueue")
         if not cq_name:
             raise PermanentError(f"LocalQueue {self.namespace}/{queue} names no ClusterQueue")
-        cq = await self.kube.call(f"read ClusterQueue {cq_name}", custom.get_cluster_custom_object,
-                                  KUEUE_GROUP, version, "clusterqueues", cq_name)
-        peers = []
-        if _cohort(cq):
-            listed = await self.kube.call("list ClusterQueues", custom.list_cluster_custom_object,
-                                          KUEUE_GROUP, version, "clusterqueues")
-            peers = listed.get("items", [])
+        cq = await self.reads.kueue("ClusterQueue", cq_name, version=version)
+        peers = await self.reads.cluster_queues(version) if _cohort(cq) else []
         return kueue_gpus(cq, peers, resource, ours)
 
     async def read(self, workload, shape: Shape, own_pods: list) -> Budget:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -94,6 +95,18 @@ def group_by_shape(templates: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return groups
 
 
+def ready_by_shape(deployments) -> dict[int, int]:
+    """Ready placeholders per shape (GPUs per replica) of the pool Deployments among `deployments`."""
+    out: dict[int, int] = {}
+    for deployment in deployments:
+        shape = (deployment.metadata.labels or {}).get(SHAPE_LABEL)
+        if shape is None:
+            continue
+        ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
+        out[int(shape or 0)] = out.get(int(shape or 0), 0) + ready
+    return out
+
+
 class PooledWarmPool:
     """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring)."""
 
@@ -145,11 +158,7 @@ class PooledWarmPool:
         now = self.kube.clock.now()
         if self._ready is not None and now - self._ready[0] < self.ready_ttl_s:
             return dict(self._ready[1])
-        out: dict[int, int] = {}
-        for deployment in await self._ours():
-            gpus = int((deployment.metadata.labels or {}).get(SHAPE_LABEL, "0") or 0)
-            ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
-            out[gpus] = out.get(gpus, 0) + ready
+        out = ready_by_shape(await self._ours())
         self._ready = (now, out)
         return dict(out)
 
@@ -164,11 +173,20 @@ class PooledWarmPool:
         return SharedSlots(self, template)
 
 
+@dataclass(frozen=True)
+class PooledView:
+    """What `SharedSlots` needs of the pooled pool: its name prefix and its ready slots per shape (the fleet's
+    watch cache serves them from memory: autoscaler/kube/cache.py)."""
+
+    prefix: str
+    ready: Callable[[], Awaitable[dict[int, int]]]
+
+
 class SharedSlots:
     """The pooled pool seen by one model as its `WarmPool`: the fleet sizes it (`ensure` does nothing), the
     model reads the ready slots of its own shape, which it may take (as may any model of that shape)."""
 
-    def __init__(self, pooled: PooledWarmPool, template: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, pooled: PooledWarmPool | PooledView, template: Callable[[], Awaitable[Any]]) -> None:
         self.pooled, self.template = pooled, template
         self.name = pooled.prefix  # no placeholder is the model's own: none carries this name
 

@@ -3,8 +3,8 @@ cache (`autoscaler/kube/cache.py`, `CacheReads`).
 
 The readers (`cluster.py`, `capacity.py`, `budget.py`, `warmpool.py`, `nodewaits.py`) compute the model's
 `ClusterState` from the items these return, the same way whichever implementation serves them; each read
-returns the client's objects (V1Pod, V1Node, V1Deployment...). Errors are the edge error kinds: a target
-or a node that does not exist is a PermanentError of kind `not_found`.
+returns the client's objects (V1Pod, V1Node, V1Deployment...; the Kueue queues as dicts). Errors are the edge
+error kinds: a target or a node that does not exist is a PermanentError of kind `not_found`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any, Protocol
 from autoscaler.kube.client import Kube
 
 LIVE = "status.phase!=Succeeded,status.phase!=Failed"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_PLURALS = {"LocalQueue": "localqueues", "ClusterQueue": "clusterqueues"}
 
 
 def label_selector(match_labels: dict[str, str]) -> str:
@@ -41,6 +43,14 @@ class ClusterReads(Protocol):
         ...
 
     async def node(self, name: str) -> Any:
+        ...
+
+    async def kueue(self, kind: str, name: str, namespace: str | None = None, *, version: str) -> dict:
+        """A Kueue LocalQueue (of `namespace`) or ClusterQueue (`namespace` None), as a dict."""
+        ...
+
+    async def cluster_queues(self, version: str) -> list[dict]:
+        """Every Kueue ClusterQueue (a cohort's peers)."""
         ...
 
 
@@ -76,3 +86,15 @@ class ApiReads:
 
     async def node(self, name: str):
         return await self.kube.call(f"get node {name}", self.kube.core.read_node, name)
+
+    async def kueue(self, kind: str, name: str, namespace: str | None = None, *, version: str) -> dict:
+        custom, plural = self.kube.custom, KUEUE_PLURALS[kind]
+        if namespace is None:
+            return await self.kube.call(f"read {kind} {name}", custom.get_cluster_custom_object, KUEUE_GROUP,
+                                        version, plural, name)
+        return await self.kube.call(f"read {kind} {namespace}/{name}", custom.get_namespaced_custom_object,
+                                    KUEUE_GROUP, version, namespace, plural, name)
+
+    async def cluster_queues(self, version: str) -> list[dict]:
+        return (await self.kube.call("list ClusterQueues", self.kube.custom.list_cluster_custom_object, KUEUE_GROUP,
+                                     version, "clusterqueues")).get("items", [])
