@@ -66,7 +66,8 @@ def configure(server: str, *, on_admission_error: str = "admit", trusted_priorit
 
 def _fleet(server: str, models: Mapping[str, Path]) -> str:
     """Each model's own upstream, chosen by the request's x-model-autoscaler (see the module's docstring)."""
-    blocks = "".join(f"upstream fleet_{i} {{ least_conn; include {path}; }}\n" for i, path in enumerate(models.values()))
+    blocks = "".join(f"upstream fleet_{i} {{ least_conn; include {path}; }}\n"
+                     for i, path in enumerate(models.values()))
     entries = "".join(f'  "{key}" fleet_{i};\n' for i, key in enumerate(models))
     chooser = f"map $http_x_model_autoscaler $fleet_upstream {{\n  default model;\n{entries}}}\n"
     return blocks + chooser + _substitute(server, "proxy_pass http://model;", "proxy_pass http://$fleet_upstream;")

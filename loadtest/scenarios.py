@@ -29,6 +29,8 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   to 3x at minute 5 and borrows the free GPUs; `chat` (tier 0) doubles at minutes 15-18 while the limit
   binds, so the fleet reclaims GPUs from `batch` (its replicas drained) and chat's critical class holds;
   `code` (tier 1) is steady. 40 min. Its twin is the fleet benchmark's simulator on the same requests.
+- `fleet-smoke`: the fleet harness on its own: two models (tiers 0 and 1), steady for 10 min, under a
+  limit they never reach: both served through the one gateway, nothing lost, within the budget.
 - `fleet-3h` (a demand profile only, not a closed-loop scenario): the bundled recording's demand
   (`python -m loadtest.recordfleet`): a quiet first half hour at 0.8x, a ramp to 3x within an hour, a 2-minute
   burst to 4x, and back down to 0.8x by hour 3.
@@ -111,6 +113,11 @@ FLEET_MODELS = (
     FleetModel("code", "code", 1, Profile(((0, 1.0), (40, 1.0))), 0.6),
     FleetModel("batch", "batch", 2, Profile(((0, 1.0), (5, 1.0), (7, 3.0), (40, 3.0))), 0.6),
 )
+# the harness's smoke test: two models, steady, well within the limit
+SMOKE_MODELS = (
+    FleetModel("alpha", "alpha", 0, Profile(((0, 1.0), (10, 1.0))), 1.0),
+    FleetModel("beta", "beta", 1, Profile(((0, 1.0), (10, 1.0))), 0.6),
+)
 
 
 ZERO_PROFILE = Profile(((0, 1.0), (10, 1.0), (10.01, 0.0), (35, 0.0), (35.01, 1.0), (45, 1.0)))
@@ -145,6 +152,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,
              windows=MappingProxyType({"borrowed": (9, 15), "reclaimed": (24, 40), "doubled": (18, 40)}),
              config=MappingProxyType({"gpu_limit": 13})),
+    Scenario("fleet-smoke", SMOKE_MODELS[0].profile, checks.fleet_smoke, models=SMOKE_MODELS,
+             config=MappingProxyType({"gpu_limit": 16})),
 )}
 
 # Demand profiles by name: every scenario's, and profiles that are no closed-loop scenario (the bundled

@@ -373,3 +373,14 @@ def fleet(context: CheckContext) -> list[dict]:
     the fleet stays within its limit, the pooled slot goes to the first model to need it; the twin's figures."""
     return ([_fleet_lost(context)] + _borrowed_then_reclaimed(context) + [_top_holds(context), _within_budget(context),
             _pooled_first(context)] + _fleet_twin(context))
+
+
+def _fleet_served(context: CheckContext) -> dict:
+    served = {k: m["requests"] - m["lost_requests"] for k, m in context.doc["models"].items()}
+    return _check("every model is served through the gateway", all(v > 0 for v in served.values()),
+                  f"requests answered per model {served}")
+
+
+def fleet_smoke(context: CheckContext) -> list[dict]:
+    """The harness on its own: every model served, nothing lost, the decisions within the limit."""
+    return [_fleet_served(context), _fleet_lost(context), _within_budget(context)]

@@ -108,8 +108,9 @@ def _model_figures(m, records: list[dict], classes, st_lifetimes: dict, timeline
         "replicas_seen": _replicas_seen(timeline, m.key),
         "simulated": {"slo_attainment": sim["slo_attainment"], "shed_fraction": sim["shed_by_class"],
                       "gpu_hours": sim["gpu_hours"], "peak_gpus": sim["peak_gpus"]},
-        "sim_gap": {"slo_attainment_points": {c: round(100 * (v - sim["slo_attainment"][c]), 3)
-                                              for c, v in live["slo_attainment"].items() if c in sim["slo_attainment"]}},
+        "sim_gap": {"slo_attainment_points": {
+            c: round(100 * (v - sim["slo_attainment"][c]), 3) for c, v in live["slo_attainment"].items()
+            if c in sim["slo_attainment"]}},
     }
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from autoscaler.crd import GROUP, PLURAL, VERSION
+from autoscaler.crd import GROUP, VERSION
 from autoscaler.kube.pods import pod_facts
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.stack import (CONTROL_PLANE_NICENESS, MODEL_PORT, PLACEHOLDER_CLASS, ControllerProcess, _ts,
@@ -203,15 +203,15 @@ class FleetStack:
 def _model_servers(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str, nginx_pid: Path
                    ) -> subprocess.Popen:
     """The model's fake vLLM servers, one per Ready pod, with its own upstream list and file_sd targets."""
-    f = config.factor
+    f, ns = config.factor, model.namespace
     return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", model.namespace,
+        [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
          "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
          "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
-         "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{model.namespace}.json"),
-         "--upstreams-file", str(work / f"upstreams-{model.namespace}.conf"), "--nginx-pid-file", str(nginx_pid),
-         "--events-file", str(work / f"fleet-{model.namespace}.jsonl"), "--target-label", f"app={model.name}"],
-        stdout=(work / f"fleet-{model.namespace}.log").open("w"), stderr=subprocess.STDOUT)
+         "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
+         "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
+         "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}"],
+        stdout=(work / f"fleet-{ns}.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def _serving(path: Path) -> int:
