@@ -314,6 +314,11 @@ def _serve(m: Model, now: float, tick_s: float) -> None:
     _tick_top_missed(m, before)
 
 
+def starts(models: list[Model], policy: str, *, limit: int, spec: FleetSpec | None = None) -> dict[str, int]:
+    """Replicas each model starts with under `policy` (see `_starts`): what a live run starts from to match."""
+    return _starts(models, policy, limit, shares(models, limit) if limit else {}, spec or fleet_spec(models))
+
+
 def simulate(policy: str, models: list[Model], *, limit: int, n: int, spec: FleetSpec | None = None) -> dict:
     """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `spec`: the fleet
     decision's (`fleet_spec`: tier-major, no warm hold, by default)."""

@@ -332,7 +332,7 @@ def _top_holds(context: CheckContext) -> dict:
     whole = context.doc["models"][top]["slo_attainment"].get("critical", 0.0)
     window = met / len(rows) if rows else 0.0
     return _check(f"the top tier's ({top}) critical class holds", whole >= TOP_TARGET and window >= TOP_TARGET,
-                  f"{top} critical within SLO {whole:.3%} over the run, {window:.3%} of {len(rows)} in minutes "
+                  f"{top} critical within SLO {whole:.3%} over the run, {window:.3%} of {len(rows)} in "
                   f"{_minutes(context, 'doubled')} (target {TOP_TARGET:.1%})")
 
 
@@ -344,13 +344,13 @@ def _within_budget(context: CheckContext) -> dict:
 
 
 def _pooled_first(context: CheckContext) -> dict:
-    preempted = context.doc.get("pooled_preemptions", [])
+    taken = context.doc.get("pooled_taken", [])
     first = context.doc.get("first_scale_up_after_pool_ready", {})
-    taker = preempted[0]["model"] if preempted else None
+    taker = taken[0]["model"] if taken else None
     return _check("a pooled placeholder goes to the model that needed it first",
-                  bool(preempted) and taker is not None and taker == first.get("model"),
-                  f"{len(preempted)} pooled placeholders preempted, the first by {taker} at "
-                  f"{preempted[0]['t_s'] if preempted else None} s; the first model to scale once a slot was "
+                  taker is not None and taker == first.get("model"),
+                  f"{len(taken)} pooled placeholders taken by a model's replica, the first by {taker} at "
+                  f"{taken[0]['t_s'] if taken else None} s; the first model to scale once a slot was "
                   f"Ready: {first.get('model')} at {first.get('t_s')} s")
 
 

@@ -4,7 +4,7 @@ gateway, per-model and fleet figures, the simulated twin (`loadtest.e2e.fleettwi
 
 result.json: `models` (per model: tier, requests, `slo_attainment` and `shed_fraction` by class, lost
 requests, `gpu_hours` of its pods, the replicas seen, its twin's figures), `fleet` (requests, lost, GPU-hours
-of the nodes and by use, the most GPUs held, the twin's GPU-hours), `pooled_preemptions` (which model's
+of the nodes and by use, the most GPUs held, the twin's GPU-hours), `pooled_taken` (which model's
 replica took a pooled placeholder, when), `sim_gap` and the checks.
 """
 
@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.kube.cluster import provisioner_cannot
-from autoscaler.sim.run import initial_replicas, needed_replicas
 from autoscaler.times import parse_time
 from loadtest import scenarios
 from loadtest.e2e import fleettwin
@@ -29,15 +28,6 @@ from loadtest.e2e.fleetstack import POOL_NAMESPACE, FleetStack, fleet_stack
 from loadtest.loadgen import write_requests
 
 SAMPLE_EVERY_S = 0.5  # wall clock
-
-
-def _initial(models, workloads: dict, config: E2EConfig) -> dict[str, int]:
-    """Each model's replicas at the start: what its first cold start needs (as the simulator starts it)."""
-    sim = config.sim_config()
-    start = {m.key: initial_replicas(needed_replicas(workloads[m.key], sim), sim) for m in models}
-    if sum(start.values()) > config.gpu_limit:
-        raise ValueError(f"the models need {start} replicas at the start, above the {config.gpu_limit}-GPU limit")
-    return start
 
 
 def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
@@ -80,6 +70,34 @@ def preemptions(events: list[dict], lifetimes: dict, models, *, started: float, 
                     "model": by_namespace.get(namespace), "placeholder": involved.get("name"),
                     "message": e.get("message")})
     return sorted(out, key=lambda p: (p["t_s"] is None, p["t_s"] or 0.0))
+
+
+def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
+    """Pooled placeholders whose node a model's replica took once they were gone (the fleet controller
+    releases a slot as a model scales into it; the scheduler preempts one for a pending replica): per
+    placeholder, the first model pod placed on its node after it went, in order of that placement."""
+    by_namespace = {m.namespace: m.key for m in models}
+    pods = sorted((life["placed"], life["namespace"], life["node"]) for (kind, _), life in lifetimes.items()
+                  if kind == "model" and life.get("node"))
+    out = []
+    for (kind, _), slot in lifetimes.items():
+        if kind != "placeholder" or not slot.get("node") or slot["gone"] is None or slot["ready"] is None:
+            continue
+        # the pod may be placed a moment before the sampler saw the placeholder go (a preemption)
+        taker = next(((at, ns) for at, ns, node in pods if node == slot["node"] and at >= slot["ready"]), None)
+        if taker is not None:
+            out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[1]),
+                        "placeholder": slot["name"]})
+    return sorted(out, key=lambda p: p["t_s"])
+
+
+def pooled_taken(events: list[dict], lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
+    """Every pooled placeholder a model took, in time order: preempted (its Event) or released to it (its node)."""
+    preempted = preemptions(events, lifetimes, models, started=started, factor=factor)
+    names = {p["placeholder"] for p in preempted}
+    taken = preempted + [h for h in handovers(lifetimes, models, started=started, factor=factor)
+                         if h["placeholder"] not in names]
+    return sorted(taken, key=lambda p: (p["t_s"] is None, p["t_s"] or 0.0))
 
 
 def first_scale_up(lifetimes: dict, models, *, pool_ready: float | None, started: float, factor: float) -> dict:
@@ -138,7 +156,7 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     for i, m in enumerate(models):
         workloads[m.key], requests = fleettwin.requests_of(m, config, seed=i)
         write_requests(out / f"requests-{m.namespace}.jsonl", requests)
-    initial = _initial(models, workloads, config)
+    initial = fleettwin.starts(models, workloads, config)
     span_s = max(w.span_s for w in workloads.values())
     with fleet_stack(config, models, out / "work", initial=initial) as st:
         start_at = time.time() + 2.0
@@ -172,7 +190,7 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                   "max_nodes": max((r["nodes"] for r in timeline), default=0),
                   "simulated": {"gpu_hours": twin["gpu_hours"], "peak_gpus": twin["peak_gpus"],
                                 "priority_inversions": twin["priority_inversions"], "node_timings": timing}},
-        "pooled_preemptions": preemptions(events, lifetimes, models, started=start_at, factor=factor),
+        "pooled_taken": pooled_taken(events, lifetimes, models, started=start_at, factor=factor),
         "first_scale_up_after_pool_ready": first_scale_up(lifetimes, models, pool_ready=pool_ready,
                                                           started=start_at, factor=factor),
         "drained": {k: sum(1 for e in v if e.get("event") == "drained") for k, v in fleet_events.items()},

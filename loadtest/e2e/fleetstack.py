@@ -268,7 +268,7 @@ def fleet_stack(config: E2EConfig, models: tuple[FleetModel, ...], work: Path, *
                    120 + 2 * (config.node_provisioning_s + config.startup_s * 1.5) / f,
                    what=f"{total} model replicas Ready")
         wait_until(lambda: all(_serving(work / f"targets-{m.namespace}.json") >= initial[m.key] for m in models),
-                   30, what="every model served")
+                   120, what="every model served")  # wall clock: room for a loaded machine
         controller.start(cp.kubeconfig)
         exit_stack.callback(controller.stop)
         controller.wait_ready()

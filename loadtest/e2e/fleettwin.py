@@ -27,6 +27,18 @@ def requests_of(model: scenarios.FleetModel, config: E2EConfig, *, seed: int):
     return workload, requests
 
 
+def _members(models: tuple[scenarios.FleetModel, ...], workloads: dict, sim_config, spec) -> list:
+    return [fleetbench.Model(m.key, m.tier, m.weight, workloads[m.key], sim_config,
+                             needed_replicas(workloads[m.key], sim_config), spec) for m in models]
+
+
+def starts(models: tuple[scenarios.FleetModel, ...], workloads: dict, config: E2EConfig) -> dict[str, int]:
+    """Each model's replicas at the start, as the twin starts them: what its first cold start needs, as the
+    fleet decision allocates that need under the GPU limit (the live run starts from the same)."""
+    members = _members(models, workloads, config.sim_config(), config.spec())
+    return fleetbench.starts(members, "fleet", limit=config.gpu_limit)
+
+
 def simulate(models: tuple[scenarios.FleetModel, ...], workloads: dict, config: E2EConfig, *,
              node_provisioning_s: float | None = None, node_learned_s: float | None = None,
              node_idle_extra_s: float = 0.0) -> dict:
@@ -39,11 +51,5 @@ def simulate(models: tuple[scenarios.FleetModel, ...], workloads: dict, config: 
     spec = config.spec()
     if node_learned_s is not None:
         spec = spec.model_copy(update={"node_provisioning_s": node_learned_s})
-    members = []
-    for m in models:
-        workload = workloads[m.key]
-        members.append(fleetbench.Model(m.key, m.tier, m.weight, workload, sim_config,
-                                        needed_replicas(workload, sim_config), spec))
     n = min(ticks(w, sim_config.tick_s) for w in workloads.values())
-    return fleetbench.simulate("fleet", members, limit=config.gpu_limit, n=n)
-
+    return fleetbench.simulate("fleet", _members(models, workloads, sim_config, spec), limit=config.gpu_limit, n=n)
