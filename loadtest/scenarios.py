@@ -26,8 +26,8 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   controller's warm pool, which scale to zero leaves in place): the wake is a pod start-up.
 - `fleet`: three models behind one gateway under one fleet controller, each in its namespace with its own
   demand (`FleetModel`), on one NodePool whose GPU limit the fleet's budget equals: `batch` (tier 2) bursts
-  to 4x at minute 5 and borrows the GPUs the others free; `chat` (tier 0) doubles at minutes 15-18 while the
-  limit binds, so the fleet reclaims GPUs from `batch` (its replicas drained) and chat's critical class holds;
+  to 4x at minutes 10-12 and borrows the GPUs the others free; `chat` (tier 0) doubles at minutes 19-22 while
+  the limit binds, so the fleet reclaims GPUs from `batch` (its replicas drained) and chat's critical class holds;
   `code` (tier 1) is steady. 40 min. Its twin is the fleet benchmark's simulator on the same requests.
 - `fleet-smoke`: the fleet harness on its own: two models (tiers 0 and 1), steady for 10 min, under a
   limit they never reach: both served through the one gateway, nothing lost, within the budget.
@@ -109,9 +109,9 @@ class FleetModel:
 
 
 FLEET_MODELS = (
-    FleetModel("chat", "chat", 0, Profile(((0, 1.0), (15, 1.0), (18, 2.0), (40, 2.0))), 1.0),
+    FleetModel("chat", "chat", 0, Profile(((0, 1.0), (19, 1.0), (22, 2.0), (40, 2.0))), 1.0),
     FleetModel("code", "code", 1, Profile(((0, 1.0), (40, 1.0))), 0.6),
-    FleetModel("batch", "batch", 2, Profile(((0, 1.0), (5, 1.0), (7, 4.0), (40, 4.0))), 0.6),
+    FleetModel("batch", "batch", 2, Profile(((0, 1.0), (10, 1.0), (12, 4.0), (40, 4.0))), 0.6),
 )
 # the harness's smoke test: two models, steady, well within the limit
 SMOKE_MODELS = (
@@ -148,10 +148,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the twin has no slot outside the policy's warm pool: it would predict a node's wait
     Scenario("scale-to-zero-warm", ZERO_PROFILE, checks.scale_to_zero_warm, windows=ZERO_WINDOWS,
              config=MappingProxyType({**ZERO_CONFIG, "pooled_warm_slots": 1}), twin_checked=False),
-    # a fleet: batch borrows (minute 10 on, as chat and code come down from their start), chat doubles
-    # (minutes 15-18) while the limit binds
+    # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
+    # start; chat doubles (minutes 19-22) while the limit binds
     Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,
-             windows=MappingProxyType({"borrowed": (10, 17), "reclaimed": (24, 40), "doubled": (18, 40)}),
+             windows=MappingProxyType({"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}),
              config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0}})),
     Scenario("fleet-smoke", SMOKE_MODELS[0].profile, checks.fleet_smoke, models=SMOKE_MODELS,
              config=MappingProxyType({"gpu_limit": 16})),

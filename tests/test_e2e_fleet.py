@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 from loadtest.e2e.checks import CheckContext
+from loadtest.e2e import fleettwin
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.fleetrun import first_scale_up, pooled_taken, preemptions
+from loadtest import fleetbench
 from loadtest.scenarios import SCENARIOS
 
 FLEET = SCENARIOS["fleet"]
@@ -32,7 +34,8 @@ def _model(tier, *, lost=0, critical=1.0, gap=0.1):
 
 
 def _good():
-    """batch borrows (2 -> 6), chat doubles, batch is reclaimed (6 -> 4, two replicas drained)."""
+    """batch borrows (2 -> 7), chat doubles, batch is reclaimed (7 -> 4, two replicas drained); the rows' minutes
+    fall in the scenario's windows (borrowed 12-20, reclaimed 26-40, doubled 22-40)."""
     doc = {
         "gpu_limit": 14, "initial_replicas": {TOP: 7, MID: 5, LOW: 2},
         "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
@@ -41,7 +44,7 @@ def _good():
         "first_scale_up_after_pool_ready": {"model": LOW, "t_s": 480.0},
         "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
     }
-    timeline = [_row(1, 7, 5, 2), _row(10, 4, 3, 6), _row(14, 4, 3, 7), _row(20, 6, 3, 5), _row(30, 6, 3, 4),
+    timeline = [_row(1, 7, 5, 2), _row(12, 4, 3, 6), _row(16, 4, 3, 7), _row(23, 6, 3, 5), _row(30, 6, 3, 4),
                 _row(39, 7, 3, 4)]
     records = [_record(m) for m in (1, 10, 19, 25, 35)] + [_record(30, model=LOW, cls="sheddable", status=429)]
     return doc, timeline, records
@@ -66,6 +69,7 @@ NAMES = {
 
 
 def test_a_run_that_borrows_reclaims_and_holds_the_top_tier_passes_every_check():
+    assert dict(FLEET.windows) == {"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}
     checks = _checks(*_good())
     assert set(checks) == set(NAMES.values())
     assert all(c["passed"] for c in checks.values()), checks
@@ -106,7 +110,8 @@ def test_not_reclaimed_or_not_drained_fails():
 
 def test_the_top_tier_missing_its_slo_while_doubled_fails_even_if_the_whole_run_looks_fine():
     def slow(_, __, records):
-        records += [_record(20 + i / 10, queue_s=5.0) for i in range(3)]
+        doubled_min = FLEET.windows["doubled"][0]
+        records += [_record(doubled_min + 1 + i / 10, queue_s=5.0) for i in range(3)]
     assert _breaks("top", slow) == {"top"}
 
     def whole(doc, _, __):
@@ -202,3 +207,28 @@ def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_
                "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
     taken = pooled_taken(events, lifetimes, FLEET.models, started=STARTED, factor=10.0)
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-0", 510.0), (TOP, "p-1", 580.0)]
+
+
+def test_three_tiers_start_within_the_limit_where_the_twin_starts_them():
+    config = replace(E2EConfig(), **FLEET.config)
+    assert sorted(m.tier for m in FLEET.models) == [0, 1, 2]
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    starts = fleettwin.starts(FLEET.models, workloads, config)
+    assert set(starts) == {m.key for m in FLEET.models} and all(n >= 1 for n in starts.values())
+    assert sum(starts.values()) <= config.gpu_limit
+
+
+def test_the_twin_starts_where_the_live_run_started_whatever_node_wait_it_runs_on(monkeypatch):
+    """On a longer node wait the simulator would size a longer first cold start and start elsewhere."""
+    started = {}
+    reset = fleetbench._reset
+    monkeypatch.setattr(fleetbench, "_reset", lambda models, policy, starts: (started.update(starts),
+                                                                             reset(models, policy, starts)))
+    config = replace(E2EConfig(), **FLEET.config)
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    live = fleettwin.starts(FLEET.models, workloads, config)
+    slow = replace(config, node_provisioning_s=410.0)
+    assert fleettwin.starts(FLEET.models, workloads, slow) != live  # else this test shows nothing
+    members = fleettwin._members(FLEET.models, workloads, slow.sim_config(), slow.spec())
+    fleetbench.simulate("fleet", members, limit=config.gpu_limit, n=1, starts=live)
+    assert started == live

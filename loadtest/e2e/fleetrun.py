@@ -171,7 +171,7 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                        and provisioner_cannot(e.get("reason"), (e.get("source") or {}).get("component")
                                               or e.get("reportingComponent") or ""))
     timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
-    twin = fleettwin.simulate(models, workloads, config, node_provisioning_s=timing["provisioning_s"],
+    twin = fleettwin.simulate(models, workloads, config, starts=initial, node_provisioning_s=timing["provisioning_s"],
                               node_learned_s=timing["provisioning_p90_s"],
                               node_idle_extra_s=timing["removal_extra_s"] or 0.0)
     records = {m.key: _read_jsonl(out / f"records-{m.namespace}.jsonl", model=m.key) for m in models}

@@ -40,16 +40,19 @@ def starts(models: tuple[scenarios.FleetModel, ...], workloads: dict, config: E2
 
 
 def simulate(models: tuple[scenarios.FleetModel, ...], workloads: dict, config: E2EConfig, *,
-             node_provisioning_s: float | None = None, node_learned_s: float | None = None,
+             starts: dict[str, int], node_provisioning_s: float | None = None, node_learned_s: float | None = None,
              node_idle_extra_s: float = 0.0) -> dict:
     """The fleet policy on the simulated cluster: fleetbench's figures (`gpu_hours`, `models`: per model
     `slo_attainment`, `shed_by_class`, `gpu_hours`, `peak_gpus`). `node_provisioning_s`: the node wait the live
     cluster showed (the twin's cluster); `node_learned_s`: what the live controller learned from it (the
-    policy's `node_provisioning_s`); `node_idle_extra_s`: the provisioner's delay beyond consolidateAfter."""
+    policy's `node_provisioning_s`); `node_idle_extra_s`: the provisioner's delay beyond consolidateAfter.
+    `starts`: the replicas the live run started from (`starts`; on the live node timings the twin would size
+    a longer first cold start and start elsewhere)."""
     twin = replace(config, node_provisioning_s=node_provisioning_s or config.node_provisioning_s)
     sim_config = twin.sim_config(node_idle_extra_s=node_idle_extra_s)
     spec = config.spec()
     if node_learned_s is not None:
         spec = spec.model_copy(update={"node_provisioning_s": node_learned_s})
     n = min(ticks(w, sim_config.tick_s) for w in workloads.values())
-    return fleetbench.simulate("fleet", _members(models, workloads, sim_config, spec), limit=config.gpu_limit, n=n)
+    return fleetbench.simulate("fleet", _members(models, workloads, sim_config, spec), limit=config.gpu_limit, n=n,
+                               starts=starts)
