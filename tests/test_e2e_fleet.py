@@ -39,7 +39,7 @@ def _good():
     doc = {
         "gpu_limit": 14, "initial_replicas": {TOP: 7, MID: 5, LOW: 2},
         "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
-        "drained": {TOP: 0, MID: 2, LOW: 2},
+        "drained_s": {TOP: [], MID: [600.0, 610.0], LOW: [1400.0, 1420.0]},
         "pooled_taken": [{"t_s": 500.0, "model": LOW, "placeholder": "p-0"}],
         "first_scale_up_after_pool_ready": {"model": LOW, "t_s": 480.0},
         "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
@@ -104,7 +104,7 @@ def test_not_reclaimed_or_not_drained_fails():
     _breaks("reclaimed", kept)
 
     def undrained(doc, _, __):
-        doc["drained"][LOW] = 0
+        doc["drained_s"][LOW] = [700.0, 2500.0]  # before the top tier grew, and after the run's windows
     assert _breaks("reclaimed", undrained) == {"reclaimed"}
 
 

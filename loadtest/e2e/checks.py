@@ -312,14 +312,17 @@ def _borrowed_then_reclaimed(context: CheckContext) -> list[dict]:
     borrowed = _spec_replicas(timeline, low, context.window_s("borrowed"))
     reclaimed = _spec_replicas(timeline, low, context.window_s("reclaimed"))
     peak = max(borrowed, default=0)
-    drained = doc.get("drained", {}).get(low, 0)
+    # drained once the top tier's traffic grows (before: the replicas it gave up on its own)
+    lo, hi = context.window_s("doubled")[0], context.window_s("reclaimed")[1]
+    drained = sum(1 for t in doc.get("drained_s", {}).get(low, []) if lo <= t < hi)
     return [
         _check(f"the lowest tier ({low}) borrows", peak > start,
                f"{low}: {start} replicas at the start, up to {peak} in {_minutes(context, 'borrowed')}"),
         _check(f"the lowest tier ({low}) is reclaimed, drained, nothing lost",
                bool(reclaimed) and min(reclaimed) < peak and drained > 0 and doc["models"][low]["lost_requests"] == 0,
                f"{low}: down to {min(reclaimed, default=None)} in {_minutes(context, 'reclaimed')} "
-               f"(from {peak}); {drained} replicas drained; {doc['models'][low]['lost_requests']} requests lost"),
+               f"(from {peak}); {drained} replicas drained from minute {lo / 60:g}; "
+               f"{doc['models'][low]['lost_requests']} requests lost"),
     ]
 
 

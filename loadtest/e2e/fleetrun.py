@@ -4,8 +4,8 @@ gateway, per-model and fleet figures, the simulated twin (`loadtest.e2e.fleettwi
 
 result.json: `models` (per model: tier, requests, `slo_attainment` and `shed_fraction` by class, lost
 requests, `gpu_hours` of its pods, the replicas seen, its twin's figures), `fleet` (requests, lost, GPU-hours
-of the nodes and by use, the most GPUs held, the twin's GPU-hours), `pooled_taken` (which model's
-replica took a pooled placeholder, when), `sim_gap` and the checks.
+of the nodes and by use, the most GPUs held, the twin's GPU-hours), `drained_s` (when each model's replicas
+drained), `pooled_taken` (which model's replica took a pooled placeholder, when), `sim_gap` and the checks.
 """
 
 from __future__ import annotations
@@ -193,7 +193,9 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         "pooled_taken": pooled_taken(events, lifetimes, models, started=start_at, factor=factor),
         "first_scale_up_after_pool_ready": first_scale_up(lifetimes, models, pool_ready=pool_ready,
                                                           started=start_at, factor=factor),
-        "drained": {k: sum(1 for e in v if e.get("event") == "drained") for k, v in fleet_events.items()},
+        # when each model's replicas drained (scenario seconds), within the run: not the tear-down's
+        "drained_s": {k: [round((e["t"] - start_at) * factor, 1) for e in v if e.get("event") == "drained"
+                          and start_at <= e["t"] <= end] for k, v in fleet_events.items()},
     }
     if twin["gpu_hours"]:
         doc["fleet"]["sim_gap_gpu_hours_percent"] = round(100 * (cost["nodes"] / twin["gpu_hours"] - 1), 2)

@@ -29,11 +29,10 @@ import yaml
 from autoscaler.crd import GROUP, VERSION
 from autoscaler.kube.pods import pod_facts
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.stack import (CONTROL_PLANE_NICENESS, MODEL_PORT, PLACEHOLDER_CLASS, ControllerProcess, _ts,
-                                model_deployment, wait_until)
+from loadtest.e2e.stack import (MODEL_PORT, PLACEHOLDER_CLASS, ControllerProcess, _ts, cluster, model_deployment,
+                                wait_until)
 from loadtest.gateway import gateway
-from loadtest.kube.controlplane import control_plane
-from loadtest.kube.karpenter import POOL, POOL_LABEL, karpenter
+from loadtest.kube.karpenter import POOL, POOL_LABEL
 from loadtest.loadgen import PRIORITY_HEADER
 from loadtest.realservers import free_port, prometheus, stop
 from loadtest.scenarios import FleetModel
@@ -238,10 +237,7 @@ def fleet_stack(config: E2EConfig, models: tuple[FleetModel, ...], work: Path, *
     f = config.factor
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as exit_stack:
-        cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
-        karp = exit_stack.enter_context(karpenter(
-            cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
-            consolidate_after_s=config.node_idle_s / f))
+        cp, karp = cluster(config, exit_stack)
         _install(cp, config, models, initial)
         upstreams = {m.key: work / f"upstreams-{m.namespace}.conf" for m in models}
         for path in upstreams.values():
