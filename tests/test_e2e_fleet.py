@@ -232,3 +232,19 @@ def test_the_twin_starts_where_the_live_run_started_whatever_node_wait_it_runs_o
     members = fleettwin._members(FLEET.models, workloads, slow.sim_config(), slow.spec())
     fleetbench.simulate("fleet", members, limit=config.gpu_limit, n=1, starts=live)
     assert started == live
+
+
+def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
+    from loadtest.e2e.__main__ import _summary, table
+    model = {"tier": 0, "slo_attainment": {"critical": 0.995}, "shed_fraction": {"critical": 0.0, "sheddable": 0.25},
+             "gpu_hours": 3.9, "replicas_seen": {"min": 4, "max": 8},
+             "simulated": {"slo_attainment": {"critical": 1.0}}}
+    doc = {"scenario": "fleet", "factor": 10.0, "gpu_limit": 14, "models": {TOP: model},
+           "fleet": {"requests": 9603, "lost_requests": 0, "gpu_hours": 9.333, "max_nodes": 14,
+                     "simulated": {"gpu_hours": 9.687}},
+           "checks": [{"check": "no request lost", "passed": True, "detail": "none"}]}
+    text = _summary(doc)
+    assert "9603 requests, 0 lost, 9.33 GPU-h (simulated 9.69), at most 14 nodes under a 14-GPU limit" in text
+    assert f"{TOP} (tier 0): within SLO critical 99.500% (100.000%); shed sheddable 25.00%" in text
+    assert "replicas 4-8" in text and "[ok] no request lost" in text
+    assert "fleet" not in table([doc])  # its figures are per model: the single-model table leaves it out
