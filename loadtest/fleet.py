@@ -101,7 +101,8 @@ class Fleet:
     def __init__(self, api: client.CoreV1Api, *, namespace: str, selector: str, port: int, concurrency: int,
                  time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
                  nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2,
-                 drain_delay_s: float = 0.5, service_port: int | None = None) -> None:
+                 drain_delay_s: float = 0.5, service_port: int | None = None,
+                 target_labels: dict[str, str] | None = None) -> None:
         self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
         self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
         self.drain_delay_s = drain_delay_s
@@ -110,6 +111,9 @@ class Fleet:
         self.servers: dict[str, RunningServer] = {}  # pod name -> its server
         self.draining: set[asyncio.Task] = set()
         self.service = ServiceStandIn(self.servers, service_port) if service_port else None
+        # what a pod's Prometheus target is labelled with: its namespace, and e.g. its `app` label (several
+        # models in one Prometheus, told apart as the fleet controller's grouped queries expect)
+        self.target_labels = {"namespace": namespace, **(target_labels or {})}
 
     def _event(self, kind: str, pod: str, **fields) -> None:
         if self.events is not None:
@@ -156,7 +160,7 @@ class Fleet:
         """Tell Prometheus and nginx which servers are live."""
         addresses = sorted(f"{s.host}:{s.port}" for s in self.servers.values())
         if self.targets_file is not None:
-            _replace(self.targets_file, json.dumps([{"targets": addresses, "labels": {"namespace": self.namespace}}]))
+            _replace(self.targets_file, json.dumps([{"targets": addresses, "labels": self.target_labels}]))
         if self.upstreams_file is not None:
             empty = self.service.upstream if self.service is not None else NO_SERVER
             _replace(self.upstreams_file, "".join(f"server {a} max_fails=0;\n" for a in addresses) or empty)
@@ -208,7 +212,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--events-file", type=Path, default=None)
     p.add_argument("--service-port", type=int, default=None,
                    help="while no pod is Ready, a stand-in for the model's Service on this port (default: none)")
-    return p.parse_args(argv)
+    p.add_argument("--target-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label of every Prometheus target besides namespace (repeatable; default: none)")
+    args = p.parse_args(argv)
+    try:
+        args.target_labels = dict(item.split("=", 1) for item in args.target_label)
+    except ValueError:
+        p.error(f"--target-label takes KEY=VALUE, got {args.target_label}")
+    return args
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -219,7 +230,7 @@ async def _main(args: argparse.Namespace) -> None:
                       concurrency=args.concurrency, time_scale=args.time_scale, targets_file=args.targets_file,
                       upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
                       events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s,
-                      service_port=args.service_port)
+                      service_port=args.service_port, target_labels=args.target_labels)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -314,12 +314,19 @@ def _serve(m: Model, now: float, tick_s: float) -> None:
     _tick_top_missed(m, before)
 
 
-def simulate(policy: str, models: list[Model], *, limit: int, n: int, spec: FleetSpec | None = None) -> dict:
+def starts(models: list[Model], policy: str, *, limit: int, spec: FleetSpec | None = None) -> dict[str, int]:
+    """Replicas each model starts with under `policy` (see `_starts`): what a live run starts from to match."""
+    return _starts(models, policy, limit, shares(models, limit) if limit else {}, spec or fleet_spec(models))
+
+
+def simulate(policy: str, models: list[Model], *, limit: int, n: int, spec: FleetSpec | None = None,
+             starts: dict[str, int] | None = None) -> dict:
     """One policy over `n` ticks on the shared limit (0: none); its figures (see `figures`). `spec`: the fleet
-    decision's (`fleet_spec`: tier-major, no warm hold, by default)."""
+    decision's (`fleet_spec`: tier-major, no warm hold, by default). `starts`: each model's replicas at t = 0
+    (default: `_starts`; a live run's twin starts where the live run did)."""
     rules = _Rules(policy, limit, shares(models, limit) if limit else {})
     spec = spec or fleet_spec(models)
-    _reset(models, policy, _starts(models, policy, limit, rules.fixed, spec))
+    _reset(models, policy, starts or _starts(models, policy, limit, rules.fixed, spec))
     fleet_state = FleetState()
     tick_s = models[0].config.tick_s
     for tick in range(n):

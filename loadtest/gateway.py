@@ -12,6 +12,12 @@ The shipped file's documented settings can be set as a user would: `on_admission
 entries added to its priority maps (`map_entries`, keyed by the map's variable), and `trusted_priority_header`,
 the header an authenticating proxy in front sets (the load generator stands in for that proxy: it names
 each request's class in `x-request-priority`, which the shipped file on its own does not trust).
+
+A fleet (`models`: NAMESPACE/NAME -> its upstreams file): one gateway for several models. Each request names its
+model in `x-model-autoscaler` (what a route per model sets; the load generator stands in for the route, as
+for the priority), which goes with the admission subrequest to the fleet controller's one endpoint, and picks
+the model's own upstream list (`map` to an upstream per model); a request naming no known model goes to the
+shipped `model` upstream.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 from loadtest.realservers import free_port, stop, wait_tcp
 
@@ -57,17 +64,28 @@ def configure(server: str, *, on_admission_error: str = "admit", trusted_priorit
     return server
 
 
+def _fleet(server: str, models: Mapping[str, Path]) -> str:
+    """Each model's own upstream, chosen by the request's x-model-autoscaler (see the module's docstring)."""
+    blocks = "".join(f"upstream fleet_{i} {{ least_conn; include {path}; }}\n"
+                     for i, path in enumerate(models.values()))
+    entries = "".join(f'  "{key}" fleet_{i};\n' for i, key in enumerate(models))
+    chooser = f"map $http_x_model_autoscaler $fleet_upstream {{\n  default model;\n{entries}}}\n"
+    return blocks + chooser + _substitute(server, "proxy_pass http://model;", "proxy_pass http://$fleet_upstream;")
+
+
 def render(*, tmp: Path, port: int, admission: str | list[str], upstreams: Path, worker_processes: int = 1,
-           **settings) -> str:
+           models: Mapping[str, Path] | None = None, **settings) -> str:
     """A complete nginx.conf around the shipped server configuration (`settings`: see `configure`). Several
     admission endpoints (several controller replicas, as behind their Service) are balanced, a refused
-    connection tried on the next."""
+    connection tried on the next. `models`: a fleet (see the module's docstring)."""
     server = configure(SHIPPED.read_text(), **settings)
     server = _substitute(server, UPSTREAM_LINE, f"upstream model {{ least_conn; include {upstreams}; }}")
     server = _substitute(server, LISTEN_LINE, f"listen 127.0.0.1:{port};")
     endpoints = [admission] if isinstance(admission, str) else list(admission)
     hosts = " ".join(f"server {e.removeprefix('http://')} max_fails=0;" for e in endpoints)
     server = f"upstream admission {{ {hosts} }}\n" + _substitute(server, ADMISSION_URL, "http://admission/auth_request")
+    if models:
+        server = _fleet(server, models)
     return f"""
 worker_processes {worker_processes};
 daemon off;

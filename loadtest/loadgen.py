@@ -16,6 +16,9 @@ With `--priority-in-body` the body also carries vLLM's `priority` field for the 
 critical 0, standard 1, sheddable 2; lower is served first by a server run with `--scheduling-policy
 priority`). It is what the gateway would set from the class; off by default because a vLLM server in its
 default `fcfs` policy rejects any priority but 0.
+
+With `--model NAMESPACE/NAME` every request carries `x-model-autoscaler: NAMESPACE/NAME`: the model it is for,
+as a gateway's route for that model would name it (a fleet behind one gateway; `loadtest.gateway`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+
+from autoscaler.fleet.routing import MODEL_HEADER
 
 PRIORITY_HEADER = "x-request-priority"
 # vLLM's per-request `priority` for each class: lower is served earlier under `--scheduling-policy priority`.
@@ -61,14 +66,15 @@ def completion_body(request: Request, *, priority_in_body: bool = False) -> dict
 
 
 async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, factor: float, start: float,
-               timeout: aiohttp.ClientTimeout, priority_in_body: bool = False) -> dict:
+               timeout: aiohttp.ClientTimeout, priority_in_body: bool = False, model: str | None = None) -> dict:
     sent = time.monotonic()
     record = {"i": request.i, "class": request.cls, "sent_s": (sent - start) * factor,
               "late_s": max(0.0, (sent - start) * factor - request.t_s), "status": 0, "queue_s": None,
               "latency_s": None, "retry_after": None, "error": None}
     body = completion_body(request, priority_in_body=priority_in_body)
+    headers = {PRIORITY_HEADER: request.cls, **({MODEL_HEADER: model} if model else {})}
     try:
-        async with session.post(f"{url}/v1/completions", json=body, headers={PRIORITY_HEADER: request.cls},
+        async with session.post(f"{url}/v1/completions", json=body, headers=headers,
                                 timeout=timeout) as response:
             await response.read()
             record["status"] = response.status
@@ -83,7 +89,8 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
 
 
 async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
-                 timeout_s: float = 3600.0, start_at: float | None = None, priority_in_body: bool = False) -> None:
+                 timeout_s: float = 3600.0, start_at: float | None = None, priority_in_body: bool = False,
+                 model: str | None = None) -> None:
     """Send every request on schedule; write one record per request (in completion order) to `out`.
     `start_at`: the wall-clock time (unix seconds) of t = 0, shared with whoever watches the run."""
     timeout = aiohttp.ClientTimeout(total=timeout_s / factor)
@@ -103,7 +110,7 @@ async def replay(requests: list[Request], url: str, *, factor: float, out: Path,
                 if delay > 0:
                     await asyncio.sleep(delay)
                 task = asyncio.create_task(_one(session, url, request, factor=factor, start=start, timeout=timeout,
-                                                    priority_in_body=priority_in_body))
+                                                    priority_in_body=priority_in_body, model=model))
                 pending.add(task)
                 task.add_done_callback(done)
             while pending:
@@ -127,9 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--start-at", type=float, default=None, help="unix time of t = 0 (default: now)")
     p.add_argument("--priority-in-body", action="store_true",
                    help="send vLLM's `priority` field for the class (for --scheduling-policy priority; default: off)")
+    p.add_argument("--model", default=None, metavar="NAMESPACE/NAME",
+                   help="name the model in x-model-autoscaler on every request (a fleet's gateway; default: none)")
     args = p.parse_args(argv)
     asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out,
-                       start_at=args.start_at, priority_in_body=args.priority_in_body))
+                       start_at=args.start_at, priority_in_body=args.priority_in_body, model=args.model))
 
 
 if __name__ == "__main__":

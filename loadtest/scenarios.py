@@ -24,6 +24,13 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   start (`max_hold_s` 600 s: what the default, the learned cold start plus 60 s, comes to on this cluster).
 - `scale-to-zero-warm`: the same with one warm slot pooled for the model (a placeholder outside its
   controller's warm pool, which scale to zero leaves in place): the wake is a pod start-up.
+- `fleet`: three models behind one gateway under one fleet controller, each in its namespace with its own
+  demand (`FleetModel`), on one NodePool whose GPU limit the fleet's budget equals: `batch` (tier 2) bursts
+  to 4x at minutes 10-12 and borrows the GPUs the others free; `chat` (tier 0) doubles at minutes 19-22 while
+  the limit binds, so the fleet reclaims GPUs from `batch` (its replicas drained) and chat's critical class holds;
+  `code` (tier 1) is steady. 40 min. Its twin is the fleet benchmark's simulator on the same requests.
+- `fleet-smoke`: the fleet harness on its own: two models (tiers 0 and 1), steady for 10 min, under a
+  limit they never reach: both served through the one gateway, nothing lost, within the budget.
 - `fleet-3h` (a demand profile only, not a closed-loop scenario): the bundled recording's demand
   (`python -m loadtest.recordfleet`): a quiet first half hour at 0.8x, a ramp to 3x within an hour, a 2-minute
   burst to 4x, and back down to 0.8x by hour 3.
@@ -75,6 +82,42 @@ class Scenario:
     # The NodePool's GPU limit: the starting replicas plus one; from this minute the steady fleet (the
     # simulated policy's replicas then) plus one, so growth beyond it cannot be placed (see `actions`).
     limit_steady_at_min: float | None = None
+    # A fleet scenario: its models (each with its own demand), under one fleet controller; `profile` is then
+    # the first model's, and `config["gpu_limit"]` the NodePool's GPUs and the fleet's budget.
+    models: tuple["FleetModel", ...] = ()
+
+
+@dataclass(frozen=True)
+class FleetModel:
+    """One model of a fleet scenario: where it runs, its tier (0 highest) and weight, and its demand profile
+    at its own base rate (requests per second at 1x)."""
+
+    namespace: str
+    name: str
+    tier: int
+    profile: Profile
+    base_rate_per_s: float
+    weight: float = 1.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def profile_name(self) -> str:
+        return f"fleet-{self.name}"
+
+
+FLEET_MODELS = (
+    FleetModel("chat", "chat", 0, Profile(((0, 1.0), (19, 1.0), (22, 2.0), (40, 2.0))), 1.0),
+    FleetModel("code", "code", 1, Profile(((0, 1.0), (40, 1.0))), 0.6),
+    FleetModel("batch", "batch", 2, Profile(((0, 1.0), (10, 1.0), (12, 4.0), (40, 4.0))), 0.6),
+)
+# the harness's smoke test: two models, steady, well within the limit
+SMOKE_MODELS = (
+    FleetModel("alpha", "alpha", 0, Profile(((0, 1.0), (10, 1.0))), 1.0),
+    FleetModel("beta", "beta", 1, Profile(((0, 1.0), (10, 1.0))), 0.6),
+)
 
 
 ZERO_PROFILE = Profile(((0, 1.0), (10, 1.0), (10.01, 0.0), (35, 0.0), (35.01, 1.0), (45, 1.0)))
@@ -105,6 +148,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the twin has no slot outside the policy's warm pool: it would predict a node's wait
     Scenario("scale-to-zero-warm", ZERO_PROFILE, checks.scale_to_zero_warm, windows=ZERO_WINDOWS,
              config=MappingProxyType({**ZERO_CONFIG, "pooled_warm_slots": 1}), twin_checked=False),
+    # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
+    # start; chat doubles (minutes 19-22) while the limit binds
+    Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,
+             windows=MappingProxyType({"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}),
+             config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0}})),
+    Scenario("fleet-smoke", SMOKE_MODELS[0].profile, checks.fleet_smoke, models=SMOKE_MODELS,
+             config=MappingProxyType({"gpu_limit": 16})),
 )}
 
 # Demand profiles by name: every scenario's, and profiles that are no closed-loop scenario (the bundled
@@ -117,7 +167,7 @@ PROFILES: dict[str, Profile] = {name: s.profile for name, s in SCENARIOS.items()
                           (240, 0.0), (240.01, 1.0), (260, 1.0))),
     # traffic that stops for hours (an outage upstream, a client pausing) and comes back at its usual level
     "silence": Profile(((0, 1.0), (90, 1.0), (90.01, 0.0), (270, 0.0), (270.01, 1.0), (360, 1.0))),
-}
+} | {m.profile_name: m.profile for s in SCENARIOS.values() for m in s.models}
 BASE_RATE_PER_S = 2.5  # ~25 busy slots at ~10 s per request: 5-6 replicas of 8 slots, 10-12 at 2x
 
 

@@ -16,7 +16,28 @@ from loadtest.e2e.run import run_scenario
 from loadtest.scenarios import SCENARIOS
 
 
+def _fleet_summary(doc: dict) -> str:
+    """A fleet scenario: per model its tier, attainment by class (the twin's in brackets), shed, GPU-hours of
+    its pods and the replicas seen; then the fleet's totals and the checks."""
+    f = doc["fleet"]
+    lines = [f"scenario {doc['scenario']} at factor {doc['factor']:g}: {f['requests']} requests, {f['lost_requests']} "
+             f"lost, {f['gpu_hours']:.2f} GPU-h (simulated {f['simulated']['gpu_hours']:.2f}), at most "
+             f"{f['max_nodes']} nodes under a {doc['gpu_limit']}-GPU limit"]
+    for key, m in doc["models"].items():
+        a, s = m["slo_attainment"], m["simulated"]["slo_attainment"]
+        within = ", ".join(f"{c} {a[c]:.3%} ({s.get(c, float('nan')):.3%})" for c in a)
+        shed = ", ".join(f"{c} {v:.2%}" for c, v in m["shed_fraction"].items() if v)
+        seen = m["replicas_seen"]
+        lines.append(f"  {key} (tier {m['tier']}): within SLO {within}; shed {shed or 'none'}; "
+                     f"{m['gpu_hours']:.2f} GPU-h of pods; replicas {seen['min']}-{seen['max']}")
+    for check in doc["checks"]:
+        lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['check']}: {check['detail']}")
+    return "\n".join(lines)
+
+
 def _summary(doc: dict) -> str:
+    if "models" in doc:
+        return _fleet_summary(doc)
     a, s = doc["slo_attainment"], doc["simulated"]["slo_attainment"]
     lines = [f"scenario {doc['scenario']} at factor {doc['factor']:g}: {doc['requests']} requests, "
              f"{doc['lost_requests']} lost, {doc['gpu_hours']:.2f} GPU-h "
@@ -55,7 +76,7 @@ def table(docs: list[dict]) -> str:
     head = (f"{'scenario':<19}{'critical (sim)':>20}{'standard (sim)':>20}{'sheddable shed (sim)':>22}"
             f"{'GPU-h (sim)':>16}{'lost':>6}  checks")
     rows = [head, "-" * len(head)]
-    for d in docs:
+    for d in (d for d in docs if "models" not in d):  # a fleet's figures are per model: its own summary
         a, sa = d["slo_attainment"], d["simulated"]["slo_attainment"]
         shed, sshed = d["shed_fraction"], d["simulated"]["shed_fraction"]
         passed = sum(c["passed"] for c in d["checks"])

@@ -281,3 +281,109 @@ def scale_to_zero(context: CheckContext) -> list[dict]:
 
 def scale_to_zero_warm(context: CheckContext) -> list[dict]:
     return _to_zero(context) + [_cold_start(context, node_s=0.0)]
+
+
+
+# --- A fleet (`fleet`): several models under one fleet controller, one GPU limit --------------------------
+# The run's `doc` is `loadtest.e2e.fleetrun`'s: per-model figures under "models", the fleet's under "fleet";
+# timeline rows hold "models" (per model: spec_replicas, decided, pods), records carry their "model".
+
+def _tiers(doc: dict) -> tuple[str, str]:
+    """The top tier's model and the lowest tier's (the one that borrows)."""
+    by_tier = sorted(doc["models"], key=lambda k: doc["models"][k]["tier"])
+    return by_tier[0], by_tier[-1]
+
+
+def _spec_replicas(timeline: list[dict], key: str, window_s: tuple[float, float]) -> list[int]:
+    lo, hi = window_s
+    return [r["models"][key]["spec_replicas"] for r in timeline
+            if lo <= r["t_s"] < hi and r["models"][key]["spec_replicas"] is not None]
+
+
+def _fleet_lost(context: CheckContext) -> dict:
+    lost = {k: m["lost_requests"] for k, m in context.doc["models"].items()}
+    return _check("no request lost", sum(lost.values()) == 0, f"lost per model {lost}")
+
+
+def _borrowed_then_reclaimed(context: CheckContext) -> list[dict]:
+    doc, timeline = context.doc, context.timeline
+    _, low = _tiers(doc)
+    start = doc["initial_replicas"][low]
+    borrowed = _spec_replicas(timeline, low, context.window_s("borrowed"))
+    reclaimed = _spec_replicas(timeline, low, context.window_s("reclaimed"))
+    peak = max(borrowed, default=0)
+    # drained once the top tier's traffic grows (before: the replicas it gave up on its own)
+    lo, hi = context.window_s("doubled")[0], context.window_s("reclaimed")[1]
+    drained = sum(1 for t in doc.get("drained_s", {}).get(low, []) if lo <= t < hi)
+    return [
+        _check(f"the lowest tier ({low}) borrows", peak > start,
+               f"{low}: {start} replicas at the start, up to {peak} in {_minutes(context, 'borrowed')}"),
+        _check(f"the lowest tier ({low}) is reclaimed, drained, nothing lost",
+               bool(reclaimed) and min(reclaimed) < peak and drained > 0 and doc["models"][low]["lost_requests"] == 0,
+               f"{low}: down to {min(reclaimed, default=None)} in {_minutes(context, 'reclaimed')} "
+               f"(from {peak}); {drained} replicas drained from minute {lo / 60:g}; "
+               f"{doc['models'][low]['lost_requests']} requests lost"),
+    ]
+
+
+def _top_holds(context: CheckContext) -> dict:
+    top, _ = _tiers(context.doc)
+    lo, hi = context.window_s("doubled")
+    rows = [r for r in context.records if r.get("model") == top and r["class"] == "critical" and lo <= r["sent_s"] < hi]
+    met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
+              and r["queue_s"] + r.get("hold_s", 0.0) <= context.config.slo_s)
+    whole = context.doc["models"][top]["slo_attainment"].get("critical", 0.0)
+    window = met / len(rows) if rows else 0.0
+    return _check(f"the top tier's ({top}) critical class holds", whole >= TOP_TARGET and window >= TOP_TARGET,
+                  f"{top} critical within SLO {whole:.3%} over the run, {window:.3%} of {len(rows)} in "
+                  f"{_minutes(context, 'doubled')} (target {TOP_TARGET:.1%})")
+
+
+def _within_budget(context: CheckContext) -> dict:
+    limit = context.doc["gpu_limit"]
+    sums = [sum(m["decided"] for m in r["models"].values() if m["decided"] is not None) for r in context.timeline]
+    return _check("the fleet's decisions stay within the GPU limit", max(sums, default=0) <= limit,
+                  f"the models' decided replicas together: at most {max(sums, default=0)} (limit {limit})")
+
+
+def _pooled_first(context: CheckContext) -> dict:
+    taken = context.doc.get("pooled_taken", [])
+    first = context.doc.get("first_scale_up_after_pool_ready", {})
+    taker = taken[0]["model"] if taken else None
+    return _check("a pooled placeholder goes to the model that needed it first",
+                  taker is not None and taker == first.get("model"),
+                  f"{len(taken)} pooled placeholders taken by a model's replica, the first by {taker} at "
+                  f"{taken[0]['t_s'] if taken else None} s; the first model to scale once a slot was "
+                  f"Ready: {first.get('model')} at {first.get('t_s')} s")
+
+
+def _fleet_twin(context: CheckContext) -> list[dict]:
+    doc = context.doc
+    gaps = {k: m["sim_gap"]["slo_attainment_points"].get("critical") for k, m in doc["models"].items()}
+    gpu = doc["fleet"].get("sim_gap_gpu_hours_percent")
+    return [
+        _check(f"twin: every model's critical within {SIM_CRITICAL_POINTS} points",
+               all(g is not None and abs(g) <= SIM_CRITICAL_POINTS for g in gaps.values()),
+               f"live minus simulated, points: {gaps}"),
+        _check(f"twin: fleet GPU-hours within {SIM_GPU_PERCENT:g} %", gpu is not None and abs(gpu) <= SIM_GPU_PERCENT,
+               f"live {doc['fleet']['gpu_hours']} GPU-h, simulated {doc['fleet']['simulated']['gpu_hours']} "
+               f"({gpu:+.1f} %)" if gpu is not None else "no simulated GPU-hours"),
+    ]
+
+
+def fleet(context: CheckContext) -> list[dict]:
+    """The lowest tier borrows then is reclaimed (drained, nothing lost), the top tier's critical class holds,
+    the fleet stays within its limit, the pooled slot goes to the first model to need it; the twin's figures."""
+    return ([_fleet_lost(context)] + _borrowed_then_reclaimed(context) + [_top_holds(context), _within_budget(context),
+            _pooled_first(context)] + _fleet_twin(context))
+
+
+def _fleet_served(context: CheckContext) -> dict:
+    served = {k: m["requests"] - m["lost_requests"] for k, m in context.doc["models"].items()}
+    return _check("every model is served through the gateway", all(v > 0 for v in served.values()),
+                  f"requests answered per model {served}")
+
+
+def fleet_smoke(context: CheckContext) -> list[dict]:
+    """The harness on its own: every model served, nothing lost, the decisions within the limit."""
+    return [_fleet_served(context), _fleet_lost(context), _within_budget(context)]

@@ -17,6 +17,7 @@ from loadtest import scenarios
 from loadtest.e2e import checks
 from loadtest.e2e.checks import CheckContext
 from loadtest.e2e.config import E2EConfig
+from loadtest.e2e.fleetrun import run_fleet_scenario
 from loadtest.e2e.figures import (annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings,
                                   simulated_figures, wake)
 from loadtest.e2e.stack import Stack, stack
@@ -68,6 +69,8 @@ def _simulate(config: E2EConfig, workload, initial: int, sim_config, *, node_lea
 
 def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     scenario = scenarios.SCENARIOS[name]
+    if scenario.models:  # a fleet of models under one fleet controller
+        return run_fleet_scenario(name, factor=factor, out=out)
     config = replace(E2EConfig(factor=factor), **scenario.config)
     actions = [(minute * 60.0, action) for minute, action in scenario.actions]
     workload, requests = requests_of(name, config)

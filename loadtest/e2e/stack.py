@@ -277,16 +277,23 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.25, what: str = "c
     raise TimeoutError(f"{what} not reached within {timeout_s:.0f} s")
 
 
+def cluster(config: E2EConfig, exit_stack: contextlib.ExitStack) -> tuple:
+    """The control plane and Karpenter (the NodePool's limit and timings compressed), stopped by `exit_stack`."""
+    f = config.factor
+    cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
+    karp = exit_stack.enter_context(karpenter(
+        cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
+        consolidate_after_s=config.node_idle_s / f))
+    return cp, karp
+
+
 @contextlib.contextmanager
 def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: int = 1):
     """Everything up, the model at `initial_replicas` Ready, the controllers deciding; yields a Stack."""
     f = config.factor
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as exit_stack:
-        cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
-        karp = exit_stack.enter_context(karpenter(
-            cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
-            consolidate_after_s=config.node_idle_s / f))
+        cp, karp = cluster(config, exit_stack)
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         cp.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                   "metadata": {"name": PLACEHOLDER_CLASS}, "value": -5, "preemptionPolicy": "Never",

@@ -1,0 +1,250 @@
+"""The fleet scenario's checks (`python -m loadtest.e2e --scenario fleet`) and the figures they read, on
+hand-made runs: runs nothing live (`make e2e` runs the scenario). Each check is shown failing on a run that
+breaks what it checks."""
+
+from dataclasses import replace
+
+import pytest
+
+from loadtest.e2e.checks import CheckContext
+from loadtest.e2e import fleettwin
+from loadtest.e2e.config import E2EConfig
+from loadtest.e2e.fleetrun import first_scale_up, pooled_taken, preemptions
+from loadtest import fleetbench
+from loadtest.scenarios import SCENARIOS
+
+FLEET = SCENARIOS["fleet"]
+TOP, MID, LOW = (m.key for m in FLEET.models)
+STARTED = 1_000_000.0
+
+
+def _row(minute, chat, code, batch):
+    return {"t_s": minute * 60.0, "models": {
+        key: {"spec_replicas": n, "decided": float(n)} for key, n in ((TOP, chat), (MID, code), (LOW, batch))}}
+
+
+def _record(minute, *, model=TOP, cls="critical", status=200, queue_s=0.1):
+    return {"model": model, "class": cls, "sent_s": minute * 60.0, "status": status,
+            "queue_s": queue_s if status == 200 else None}
+
+
+def _model(tier, *, lost=0, critical=1.0, gap=0.1):
+    return {"tier": tier, "lost_requests": lost, "requests": 100, "slo_attainment": {"critical": critical},
+            "sim_gap": {"slo_attainment_points": {"critical": gap}}}
+
+
+def _good():
+    """batch borrows (2 -> 7), chat doubles, batch is reclaimed (7 -> 4, two replicas drained); the rows' minutes
+    fall in the scenario's windows (borrowed 12-20, reclaimed 26-40, doubled 22-40)."""
+    doc = {
+        "gpu_limit": 14, "initial_replicas": {TOP: 7, MID: 5, LOW: 2},
+        "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
+        "drained_s": {TOP: [], MID: [600.0, 610.0], LOW: [1400.0, 1420.0]},
+        "pooled_taken": [{"t_s": 500.0, "model": LOW, "placeholder": "p-0"}],
+        "first_scale_up_after_pool_ready": {"model": LOW, "t_s": 480.0},
+        "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
+    }
+    timeline = [_row(1, 7, 5, 2), _row(12, 4, 3, 6), _row(16, 4, 3, 7), _row(23, 6, 3, 5), _row(30, 6, 3, 4),
+                _row(39, 7, 3, 4)]
+    records = [_record(m) for m in (1, 10, 19, 25, 35)] + [_record(30, model=LOW, cls="sheddable", status=429)]
+    return doc, timeline, records
+
+
+def _checks(doc, timeline, records):
+    context = CheckContext(doc=doc, timeline=timeline, events=[], records=records, logs={}, fleet_events=[],
+                           config=replace(E2EConfig(), **FLEET.config), sim=None, windows=FLEET.windows)
+    return {c["check"]: c for c in FLEET.check(context)}
+
+
+NAMES = {
+    "lost": "no request lost",
+    "borrows": f"the lowest tier ({LOW}) borrows",
+    "reclaimed": f"the lowest tier ({LOW}) is reclaimed, drained, nothing lost",
+    "top": f"the top tier's ({TOP}) critical class holds",
+    "budget": "the fleet's decisions stay within the GPU limit",
+    "pooled": "a pooled placeholder goes to the model that needed it first",
+    "twin_critical": "twin: every model's critical within 0.5 points",
+    "twin_gpu": "twin: fleet GPU-hours within 10 %",
+}
+
+
+def test_a_run_that_borrows_reclaims_and_holds_the_top_tier_passes_every_check():
+    assert dict(FLEET.windows) == {"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}
+    checks = _checks(*_good())
+    assert set(checks) == set(NAMES.values())
+    assert all(c["passed"] for c in checks.values()), checks
+
+
+def _breaks(name, mutate):
+    doc, timeline, records = _good()
+    mutate(doc, timeline, records)
+    checks = _checks(doc, timeline, records)
+    failed = {k for k, v in NAMES.items() if not checks[v]["passed"]}
+    assert name in failed, checks[NAMES[name]]
+    return failed
+
+
+def test_a_lost_request_fails():
+    def lose(doc, _, __):
+        doc["models"][LOW]["lost_requests"] = 1
+    assert _breaks("lost", lose) == {"lost", "reclaimed"}
+
+
+def test_no_borrowing_fails():
+    def flat(_, timeline, __):
+        for r in timeline:
+            r["models"][LOW]["spec_replicas"] = 2
+    assert "borrows" in _breaks("borrows", flat)
+
+
+def test_not_reclaimed_or_not_drained_fails():
+    def kept(_, timeline, __):
+        for r in timeline[3:]:
+            r["models"][LOW]["spec_replicas"] = 7
+    _breaks("reclaimed", kept)
+
+    def undrained(doc, _, __):
+        doc["drained_s"][LOW] = [700.0, 2500.0]  # before the top tier grew, and after the run's windows
+    assert _breaks("reclaimed", undrained) == {"reclaimed"}
+
+
+def test_the_top_tier_missing_its_slo_while_doubled_fails_even_if_the_whole_run_looks_fine():
+    def slow(_, __, records):
+        doubled_min = FLEET.windows["doubled"][0]
+        records += [_record(doubled_min + 1 + i / 10, queue_s=5.0) for i in range(3)]
+    assert _breaks("top", slow) == {"top"}
+
+    def whole(doc, _, __):
+        doc["models"][TOP]["slo_attainment"]["critical"] = 0.99
+    assert _breaks("top", whole) == {"top"}
+
+
+def test_decisions_above_the_limit_fail():
+    def over(_, timeline, __):
+        timeline[4]["models"][LOW]["decided"] = 6.0  # 6 + 3 + 6 = 15 > 14
+    assert _breaks("budget", over) == {"budget"}
+
+
+@pytest.mark.parametrize("preempted,first", [([], {"model": LOW, "t_s": 480.0}),
+                                             ([{"t_s": 500.0, "model": MID, "placeholder": "p-0"}],
+                                              {"model": LOW, "t_s": 480.0})])
+def test_a_placeholder_never_taken_or_taken_by_another_model_fails(preempted, first):
+    def other(doc, _, __):
+        doc["pooled_taken"], doc["first_scale_up_after_pool_ready"] = preempted, first
+    assert _breaks("pooled", other) == {"pooled"}
+
+
+def test_a_twin_off_by_more_than_its_tolerance_fails():
+    def off(doc, _, __):
+        doc["models"][MID]["sim_gap"]["slo_attainment_points"]["critical"] = -0.6
+    assert _breaks("twin_critical", off) == {"twin_critical"}
+
+    def costly(doc, _, __):
+        doc["fleet"]["sim_gap_gpu_hours_percent"] = 12.0
+    assert _breaks("twin_gpu", costly) == {"twin_gpu"}
+
+
+def _stamp(scenario_s):
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(STARTED + scenario_s / 10.0, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def test_preemptions_name_the_preemptor_model_from_the_event_in_time_order():
+    lifetimes = {("model", "uid-b"): {"namespace": "batch"}, ("model", "uid-c"): {"namespace": "chat"}}
+    events = [
+        {"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
+         "message": "Preempted by pod uid-c on node n-1", "firstTimestamp": _stamp(900.0)},
+        {"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-0"},
+         "related": {"namespace": "batch"}, "eventTime": _stamp(500.0)},
+        {"reason": "Preempted", "involvedObject": {"namespace": "chat", "name": "chat-x"}},  # not a placeholder
+        {"reason": "Scheduled", "involvedObject": {"namespace": "fleet-ops", "name": "p-2"}},
+    ]
+    out = preemptions(events, lifetimes, FLEET.models, started=STARTED, factor=10.0)
+    assert [(p["model"], p["placeholder"], p["t_s"]) for p in out] == [(LOW, "p-0", 500.0), (TOP, "p-1", 900.0)]
+
+
+def test_the_first_model_to_scale_once_a_slot_is_ready_is_the_earliest_replica_created_after_it():
+    lifetimes = {("model", "a"): {"namespace": "chat", "created": STARTED + 10},
+                 ("model", "b"): {"namespace": "batch", "created": STARTED + 50},
+                 ("model", "c"): {"namespace": "code", "created": STARTED + 60},
+                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20}}
+    first = first_scale_up(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
+    assert first == {"model": LOW, "t_s": 500.0}
+    assert first_scale_up(lifetimes, FLEET.models, pool_ready=None, started=STARTED, factor=10.0) == {}
+    assert first_scale_up(lifetimes, FLEET.models, pool_ready=STARTED + 99, started=STARTED, factor=10.0) == {}
+
+
+def test_the_smoke_run_fails_when_a_model_is_never_served():
+    smoke = SCENARIOS["fleet-smoke"]
+    a, b = (m.key for m in smoke.models)
+    doc = {"gpu_limit": 16, "models": {a: {"requests": 10, "lost_requests": 0}, b: {"requests": 5, "lost_requests": 0}}}
+    timeline = [{"t_s": 0.0, "models": {a: {"decided": 7.0}, b: {"decided": 7.0}}}]
+
+    def checks(doc):
+        context = CheckContext(doc=doc, timeline=timeline, events=[], records=[], logs={}, fleet_events=[],
+                               config=E2EConfig(), sim=None, windows=smoke.windows)
+        return {c["check"]: c["passed"] for c in smoke.check(context)}
+    assert all(checks(doc).values())
+    doc["models"][b]["lost_requests"] = 5
+    assert checks(doc) == {"every model is served through the gateway": False, "no request lost": False,
+                           "the fleet's decisions stay within the GPU limit": True}
+
+
+def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_on_its_node():
+    lifetimes = {
+        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "ready": STARTED + 10,
+                                "gone": STARTED + 50},
+        ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-2", "ready": STARTED + 10,
+                                "gone": STARTED + 60},
+        ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "ready": None,
+                                "gone": STARTED + 60},  # never Ready: no warm slot to take
+        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1},  # before the slot
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51},
+        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59},  # preempted it
+        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61},
+    }
+    events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
+               "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
+    taken = pooled_taken(events, lifetimes, FLEET.models, started=STARTED, factor=10.0)
+    assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-0", 510.0), (TOP, "p-1", 580.0)]
+
+
+def test_three_tiers_start_within_the_limit_where_the_twin_starts_them():
+    config = replace(E2EConfig(), **FLEET.config)
+    assert sorted(m.tier for m in FLEET.models) == [0, 1, 2]
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    starts = fleettwin.starts(FLEET.models, workloads, config)
+    assert set(starts) == {m.key for m in FLEET.models} and all(n >= 1 for n in starts.values())
+    assert sum(starts.values()) <= config.gpu_limit
+
+
+def test_the_twin_starts_where_the_live_run_started_whatever_node_wait_it_runs_on(monkeypatch):
+    """On a longer node wait the simulator would size a longer first cold start and start elsewhere."""
+    started = {}
+    reset = fleetbench._reset
+    monkeypatch.setattr(fleetbench, "_reset", lambda models, policy, starts: (started.update(starts),
+                                                                             reset(models, policy, starts)))
+    config = replace(E2EConfig(), **FLEET.config)
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    live = fleettwin.starts(FLEET.models, workloads, config)
+    slow = replace(config, node_provisioning_s=410.0)
+    assert fleettwin.starts(FLEET.models, workloads, slow) != live  # else this test shows nothing
+    members = fleettwin._members(FLEET.models, workloads, slow.sim_config(), slow.spec())
+    fleetbench.simulate("fleet", members, limit=config.gpu_limit, n=1, starts=live)
+    assert started == live
+
+
+def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
+    from loadtest.e2e.__main__ import _summary, table
+    model = {"tier": 0, "slo_attainment": {"critical": 0.995}, "shed_fraction": {"critical": 0.0, "sheddable": 0.25},
+             "gpu_hours": 3.9, "replicas_seen": {"min": 4, "max": 8},
+             "simulated": {"slo_attainment": {"critical": 1.0}}}
+    doc = {"scenario": "fleet", "factor": 10.0, "gpu_limit": 14, "models": {TOP: model},
+           "fleet": {"requests": 9603, "lost_requests": 0, "gpu_hours": 9.333, "max_nodes": 14,
+                     "simulated": {"gpu_hours": 9.687}},
+           "checks": [{"check": "no request lost", "passed": True, "detail": "none"}]}
+    text = _summary(doc)
+    assert "9603 requests, 0 lost, 9.33 GPU-h (simulated 9.69), at most 14 nodes under a 14-GPU limit" in text
+    assert f"{TOP} (tier 0): within SLO critical 99.500% (100.000%); shed sheddable 25.00%" in text
+    assert "replicas 4-8" in text and "[ok] no request lost" in text
+    assert "fleet" not in table([doc])  # its figures are per model: the single-model table leaves it out
