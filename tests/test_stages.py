@@ -244,6 +244,23 @@ def test_short_burst_is_not_provisioned_until_sustained_for_a_start_up(spec):
     assert n == 20  # climbing: at once
 
 
+def test_an_unconfirmed_burst_is_ordered_at_once_onto_free_slots_and_only_onto_them(spec):
+    """Start-up 120 s, 6 replicas running for the forecast, a burst needing 20 held for 30 s: with no free
+    slot it waits its confirmation (queued or shed); with 4 warm or idle slots free, 10 are wanted at once
+    (capacity paid for already lands after a start-up), never more than the burst needs."""
+    recent = ()
+    for t, r in [(0.0, 6), (15.0, 20), (30.0, 20)]:
+        recent = remember_reactive(recent, r, t, keep_s=120.0)
+    n, reasons = combine(reactive=20, recent=recent, predictive=6, window_s=120.0, now=30.0)
+    assert n == 6 and "queue/shed" in reasons[-1]
+    n, reasons = combine(reactive=20, recent=recent, predictive=6, window_s=120.0, now=30.0, onto_free=6 + 4)
+    assert n == 10 and "4 replicas ordered now onto free warm or idle slots" in reasons[-1]
+    n, _ = combine(reactive=8, recent=recent, predictive=6, window_s=120.0, now=30.0, onto_free=6 + 4)
+    assert n == 8
+    n, _ = combine(reactive=20, recent=recent, predictive=12, window_s=120.0, now=30.0, onto_free=6 + 4)
+    assert n == 12  # the forecast already asks for more than the free slots hold
+
+
 def test_stabilization_holds_the_window_maximum_and_a_fresh_start_holds_current(spec):
     n, history, reasons = bound(spec, wanted=3, current=10, recommendations=(), lead_s=120.0, now=0.0)
     assert n == 10 and "holding" in reasons[0]
