@@ -45,18 +45,20 @@ async def settle() -> None:
     await asyncio.sleep(0.15)  # the release re-checks every RELEASE_STEP_S
 
 
-async def woken(board: DecisionBoard) -> None:
-    """The model served (the endpoint learns what a replica takes), went to zero, and is waking."""
-    await board.publish(Published(SERVING, 1, 0.0, board.clock.now(), ready_replicas=1))
-    await board.publish(Published(WAKING, 0, None, board.clock.now(), ready_replicas=0))
+async def waking(*, at_s: float = 0.0, reading=None, stale_after_s: float | None = None):
+    """A model that served (the endpoint learns what a replica takes), went to zero, and is waking: its
+    manual clock, board and admission endpoint."""
+    clock = ManualClock(at_s)
+    board = DecisionBoard(clock=clock, stale_after_s=stale_after_s)
+    admission = endpoint(board, reading)
+    await board.publish(Published(SERVING, 1, 0.0, clock.now(), ready_replicas=1))
+    await board.publish(Published(WAKING, 0, None, clock.now(), ready_replicas=0))
+    return clock, board, admission
 
 
 def test_a_ready_replica_takes_its_slots_and_queue_allowance_then_more_as_requests_finish():
     async def run():
-        clock = ManualClock(100.0)
-        board = DecisionBoard(clock=clock)
-        admission = endpoint(board)
-        await woken(board)
+        clock, board, admission = await waking(at_s=100.0)
         order: list[str] = []
         # 16 held: standard and sheddable first, the critical ones arriving last
         classes = ["standard", "sheddable"] * 6 + ["critical"] * 4
@@ -86,10 +88,7 @@ def test_a_ready_replica_takes_its_slots_and_queue_allowance_then_more_as_reques
 
 def test_a_request_arriving_while_others_are_held_queues_behind_them():
     async def run():
-        clock = ManualClock(0.0)
-        board = DecisionBoard(clock=clock)
-        admission = endpoint(board)
-        await woken(board)
+        clock, board, admission = await waking()
         order: list[str] = []
         first = [asyncio.ensure_future(request(admission, "standard", order, f"held-{i}")) for i in range(12)]
         await settle()
@@ -111,11 +110,8 @@ def test_the_probe_reading_counts_what_the_replicas_are_serving():
     """A fresh reading of the pods' queue and running requests bounds the release, carried forward with the
     endpoint's own admissions since and the replicas' completions."""
     async def run():
-        clock = ManualClock(0.0)
-        board = DecisionBoard(clock=clock)
         reading = [None]
-        admission = endpoint(board, reading)
-        await woken(board)
+        clock, board, admission = await waking(reading=reading)
         order: list[str] = []
         tasks = [asyncio.ensure_future(request(admission, "standard", order, str(i))) for i in range(12)]
         await settle()
@@ -141,12 +137,9 @@ def test_the_probe_reading_counts_what_the_replicas_are_serving():
 
 def test_held_requests_still_expire_and_a_stale_decision_still_releases_them_all():
     async def run():
-        clock = ManualClock(0.0)
-        board = DecisionBoard(clock=clock, stale_after_s=1000.0)
         reading = [None]
-        admission = endpoint(board, reading)
+        clock, board, admission = await waking(reading=reading, stale_after_s=1000.0)
         admission.max_hold_s = 30.0
-        await woken(board)
         order: list[str] = []
         tasks = [asyncio.ensure_future(request(admission, "critical", order, str(i))) for i in range(12)]
         await settle()

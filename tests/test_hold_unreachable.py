@@ -12,7 +12,6 @@ send (the model closed the connection before answering) is never sent twice: tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +86,7 @@ def test_a_request_failed_open_to_a_model_at_zero_is_held_not_answered_502():
             time.sleep(0.3)
             assert not answer.done(), "answered while no replica is Ready"
             # a replica turns Ready: the model listens, then the controller sees it Ready
-            with serving_on(thread, model_app(hits), model_port):
+            with serving(thread, model_app(hits), model_port):
                 thread.run(board.set_ready(1))
                 status, _ = answer.result(5)
     finally:
@@ -105,25 +104,9 @@ def test_a_request_the_model_received_is_not_sent_again():
     model_port, hits = free_port(), []
     try:
         with serving(thread, admission.app()) as endpoint, tempfile.TemporaryDirectory() as tmp, \
-             serving_on(thread, model_app(hits, close_early=True), model_port), \
+             serving(thread, model_app(hits, close_early=True), model_port), \
              nginx_gateway(admission=endpoint, upstreams=upstream_file(tmp, model_port)) as (url, _):
             status, _ = get(f"{url}/v1/completions", None, COMPLETION)
     finally:
         thread.close()
     assert status == 502 and hits == ["/v1/completions"] and board.held_requests == 0
-
-
-@contextlib.contextmanager
-def serving_on(thread: LoopThread, app: web.Application, port: int):
-    """`app` on 127.0.0.1:`port` (a port chosen before it listens: the model's Service at zero)."""
-    async def serve():
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = thread.run(serve())
-    try:
-        yield
-    finally:
-        thread.run(runner.cleanup())
