@@ -4,7 +4,7 @@
         [--concurrency 16] [--time-scale 0.1] [--targets-file F.json] [--upstreams-file F.conf] \
         [--nginx-pid-file F.pid] [--events-file F.jsonl]
 
-kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.42.0.0/16`), so a
+kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.X.0.0/16`), so a
 server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
 Every `poll_s` the fleet lists the Deployment's pods: a Ready pod with an IP gets a server; a pod that is
 deleted (or being deleted, or no longer Ready) leaves the gateway's list at once and, `drain_delay_s`
