@@ -199,16 +199,18 @@ class Admission:
         return (latest.ready_replicas or 0) * per.drain_per_s if per is not None else 0.0
 
     def occupied(self, latest: Published) -> float:
-        """Requests queued or running at the Ready replicas now: the probe's reading carried forward, else
-        this endpoint's own admissions as a fluid queue."""
+        """Requests queued or running at the Ready replicas now: the probe's reading carried forward, and
+        never less than this endpoint's own admissions as a fluid queue (the probe re-lists the pods only every
+        few seconds: a replica that just turned Ready counts in the capacity before its load is read)."""
         now, drain = self.clock.now(), self._drain_per_s(latest)
+        own = self._ledger.now(now, drain)
         reading = self.live_queue()
         if isinstance(reading, QueueReading) and reading.in_flight is not None:
             while self._admitted_at and self._admitted_at[0] < reading.at:
                 self._admitted_at.popleft()  # in the reading already
-            return occupied(queue=reading.queue, in_flight=reading.in_flight, admitted=len(self._admitted_at),
-                            drain_per_s=drain, elapsed_s=now - reading.at)
-        return self._ledger.now(now, drain)
+            return max(own, occupied(queue=reading.queue, in_flight=reading.in_flight,
+                                     admitted=len(self._admitted_at), drain_per_s=drain, elapsed_s=now - reading.at))
+        return own
 
     def room(self, latest: Published) -> float | None:
         """How many more held requests the Ready replicas take now; None: no bound (release them all)."""

@@ -11,9 +11,10 @@ far as the Ready replicas take them within the SLO:
   from the latest decision made with a Ready replica (`PerReplica`). Before any such decision the slots
   alone, with nothing known to drain.
 - being served or queued now: the queue probe's reading (queue + running) carried forward with the
-  endpoint's own admissions since and the Ready replicas' completions (`occupied`); without a reading
-  (the probe lists the pods only every few seconds, so it does not know a replica that just turned Ready),
-  the endpoint's own admissions as a fluid queue drained at the same rate (`Ledger`).
+  endpoint's own admissions since and the Ready replicas' completions (`occupied`), and never less than the
+  endpoint's own admissions as a fluid queue drained at the same rate (`Ledger`), which alone counts without
+  a reading: the probe re-lists the pods only every few seconds, so its fresh readings leave out a replica
+  that just turned Ready, whose capacity already counts.
 - order: the top class first, then arrival order within a class (`HeldQueue`). Requests arriving while
   others are held queue behind them, so a newcomer does not overtake the held ones.
 

@@ -42,7 +42,7 @@ async def request(admission: Admission, cls: str, order: list[str], tag: str) ->
 
 
 async def settle() -> None:
-    await asyncio.sleep(0.15)  # the release re-checks every RELEASE_STEP_S
+    await asyncio.sleep(0.3)  # the release re-checks every RELEASE_STEP_S (0.05 s): room for a loaded machine
 
 
 async def waking(*, at_s: float = 0.0, reading=None, stale_after_s: float | None = None):
@@ -130,6 +130,34 @@ def test_the_probe_reading_counts_what_the_replicas_are_serving():
         await board.set_ready(2)
         await settle()
         assert len(order) == 12
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+
+
+def test_a_reading_that_misses_a_new_replica_does_not_release_again_what_the_endpoint_just_sent():
+    """The probe re-lists the pods every few seconds: fresh readings of the pods it knows (none busy) while
+    the replica that just turned Ready has the 10 requests released to it. The endpoint's own count bounds
+    the release until they finish (before, each reading released another 10)."""
+    async def run():
+        reading = [None]
+        clock, board, admission = await waking(reading=reading)
+        order: list[str] = []
+        tasks = [asyncio.ensure_future(request(admission, "standard", order, str(i))) for i in range(30)]
+        await settle()
+        reading[0] = QueueReading(queue=0.0, in_flight=0.0, at=clock.now())
+        await board.set_ready(1)
+        await settle()
+        assert len(order) == 10
+        for _ in range(3):
+            await clock.advance(0.5)
+            reading[0] = QueueReading(queue=0.0, in_flight=0.0, at=clock.now())  # the new pod not listed
+            await settle()
+        assert len(order) == 11  # 1.5 s of 0.8 req/s finished: one more, not 30
+        await board.publish(Published(WAKING, 0, None, clock.now(), ready_replicas=0))
+        await clock.advance(31.0)
+        await asyncio.sleep(1.2)  # the rest expire (max_hold_s 600 s: not yet), so release them to end
+        await board.set_ready(10)
         await asyncio.gather(*tasks)
 
     asyncio.run(run())
