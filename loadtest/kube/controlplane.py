@@ -37,8 +37,9 @@ def pod_cidr() -> str:
     on). Drawn per control plane: kwok numbers pods from the start of its range, so two control planes on one
     machine with the same range (two closed-loop runs at once) gave their pods the same IPs, and one run's
     fake servers could not bind while the other's held the addresses (or its probe read the other's).
-    127.0.x is left out (127.0.0.1 serves everything else)."""
-    return f"127.{random.SystemRandom().randrange(1, 255)}.0.0/16"
+    127.0-42.x are left out: 127.0.0.1 serves everything else, and 127.42.0.0/16 was every control plane's
+    range before."""
+    return f"127.{random.SystemRandom().randrange(43, 255)}.0.0/16"
 
 KWOK_STAGES = """
 apiVersion: kwok.x-k8s.io/v1alpha1
