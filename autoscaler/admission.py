@@ -27,10 +27,13 @@ carried part is low by their number (and never worse than the reading alone).
 Scale to zero: while the latest fresh decision comes with 0 Ready replicas (the model at zero, or waking:
 replicas ordered, none Ready yet; valid or not, since an admitted request would reach no replica), or is a
 valid 0 with the Ready count known (going to zero: the last replica drains its in-flight requests and must get
-no new one), a request is HELD: its handler awaits until the board reports a decision above 0 with a Ready
-replica, then it is answered as any other (held requests leave in arrival order: they wait on one condition,
-woken first in, first out). A request already held also waits through a decision that does not know the Ready
-replicas (a tick that could not read the cluster). While any is held the board's `held_requests` is above
+no new one), a request is HELD: its handler awaits its release, then it is answered as any other (the
+saturation guard and the shed levels apply). Held requests are released as far as the Ready replicas take
+them within the SLO, the top class first, then in arrival order, and more as replicas turn Ready or requests
+finish (autoscaler/release.py: the room, the order, and what is still being served); while any is held, a new
+request queues behind them. A request already held also waits through a decision that does not know the
+Ready replicas (a tick that could not read the cluster), and so does a new one when the latest Ready count
+known was 0 (`DecisionBoard.last_ready`). While any is held the board's `held_requests` is above
 zero: the loop wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's
 StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
 `hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
@@ -40,7 +43,9 @@ most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_
 nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero `/auth_request`
 answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
-expires (403 with `X-Hold-Expired`, answered 503).
+expires (403 with `X-Hold-Expired`, answered 503). The gateway also sends there a request whose model
+refused the connection (nothing of it was sent: `X-Model-Unreachable`), e.g. after the ordinary subrequest
+timed out and failed open at zero: it is held as a request already held would be.
 
 Before the first decision, while the latest is stale (the board's `stale_after_s`: the ticks stopped;
 counted by the board), and whenever no decision is valid, everything is admitted: a controller that
@@ -51,19 +56,23 @@ does not know them (a tick that missed reading the cluster), up to `max_hold_s`.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Callable
 
 from aiohttp import web
 
-from autoscaler.board import DecisionBoard
+from autoscaler.board import DecisionBoard, Published
 from autoscaler.clock import Clock, SystemClock
+from autoscaler.release import HeldQueue, Ledger, PerReplica, occupied, per_replica
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
 from policies.admission import carried_queue, classify
 
 # A held request re-checks the board at least this often (its deadline, a decision gone stale).
 HOLD_RECHECK_S = 1.0
+# While requests are held, the release re-checks the room this often (requests finish between board changes).
+RELEASE_STEP_S = 0.05
 # max_hold_s unset: the learned cold start plus this margin, at most MAX_HOLD_S.
 HOLD_MARGIN_S = 60.0
 MAX_HOLD_S = 600.0
@@ -78,10 +87,13 @@ class Admission:
                  live_queue: Callable[[], QueueReading | float | None] | None = None,
                  on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
                  clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
-                 on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True) -> None:
+                 on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True,
+                 replica_slots: int | None = None) -> None:
         """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`. `hold_going_to_zero` False:
         a decision of 0 holds nothing while replicas are Ready (shadow mode, where nothing acts on it, and a
-        policy without `idle_after_s`, whose decisions do not wake on a held request)."""
+        policy without `idle_after_s`, whose decisions do not wake on a held request). `replica_slots`: the
+        requests one replica serves at once (the policy's `replica_concurrency`); None releases every held
+        request at the first Ready replica."""
         self.board = board
         self.priorities = dict(priorities)
         self.top = max(priorities.values())
@@ -97,7 +109,11 @@ class Admission:
         self.max_held = max_held_requests
         self.on_hold = on_hold or (lambda outcome, waited_s: None)
         self.hold_going_to_zero = hold_going_to_zero
+        self.replica_slots = replica_slots
         self._held = 0
+        self._queue = HeldQueue()
+        self._ledger = Ledger()
+        self._dispatcher: asyncio.Future | None = None
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
         self._admitted_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
@@ -124,6 +140,8 @@ class Admission:
         reason = self._rejection(cls)
         if reason is None:
             self._admitted_at.append(self.clock.now())
+            latest = self.board.latest
+            self._ledger.add(self.clock.now(), self._drain_per_s(latest) if latest is not None else 0.0)
         return reason
 
     def _rejection(self, cls: str) -> str | None:
@@ -148,12 +166,14 @@ class Admission:
         """A request must wait: the fresh decision comes with 0 Ready replicas (at zero, or waking), valid or not
         (admitted, it would reach no replica); or it is a valid 0 with a known Ready count (going to zero: the
         last replicas are draining and must not get new requests; the hold wakes the loop, whose next decision
-        orders a replica again). A request already `held` also waits through a decision that does not know the
-        Ready replicas (a tick that could not read the cluster). A stale decision releases."""
+        orders a replica again). A request already `held` also waits through an invalid decision that does not
+        know the Ready replicas (a tick that could not read the cluster), and so does a new one when the latest
+        Ready count known was 0. A stale decision releases."""
         latest = self.board.fresh("admission")
         if latest is None:
             return False
-        if latest.ready_replicas == 0 or (held and latest.ready_replicas is None and not latest.decision.valid):
+        unknown = latest.ready_replicas is None and not latest.decision.valid
+        if latest.ready_replicas == 0 or (unknown and (held or self.board.last_ready == 0)):
             return True
         return (self.hold_going_to_zero and latest.decision.valid and latest.ready_replicas is not None
                 and latest.decision.replicas == 0)
@@ -167,32 +187,91 @@ class Admission:
         lead = latest.decision.lead_time_s if latest is not None else 0.0
         return min(MAX_HOLD_S, lead + HOLD_MARGIN_S) if lead and lead > 0 else MAX_HOLD_S
 
-    async def hold(self, cls: str) -> str | None:
-        """Wait for a Ready replica; None once there is one (or the controller cannot say: fail open), else
-        why the request is dropped."""
-        if not self.holding():
+    def _per_replica(self) -> PerReplica | None:
+        """What one Ready replica takes, from the latest decision made with Ready replicas (None: none yet)."""
+        serving = self.board.last_serving
+        if self.replica_slots is None or serving is None:
+            return None
+        return per_replica(serving, self.replica_slots)
+
+    def _drain_per_s(self, latest: Published) -> float:
+        per = self._per_replica()
+        return (latest.ready_replicas or 0) * per.drain_per_s if per is not None else 0.0
+
+    def occupied(self, latest: Published) -> float:
+        """Requests queued or running at the Ready replicas now: the probe's reading carried forward, and
+        never less than this endpoint's own admissions as a fluid queue (the probe re-lists the pods only every
+        few seconds: a replica that just turned Ready counts in the capacity before its load is read)."""
+        now, drain = self.clock.now(), self._drain_per_s(latest)
+        own = self._ledger.now(now, drain)
+        reading = self.live_queue()
+        if isinstance(reading, QueueReading) and reading.in_flight is not None:
+            while self._admitted_at and self._admitted_at[0] < reading.at:
+                self._admitted_at.popleft()  # in the reading already
+            return max(own, occupied(queue=reading.queue, in_flight=reading.in_flight,
+                                     admitted=len(self._admitted_at), drain_per_s=drain, elapsed_s=now - reading.at))
+        return own
+
+    def room(self, latest: Published) -> float | None:
+        """How many more held requests the Ready replicas take now; None: no bound (release them all)."""
+        if self.replica_slots is None or latest.ready_replicas is None:
+            return None
+        per = self._per_replica()
+        capacity = latest.ready_replicas * (self.replica_slots + (per.allowance if per is not None else 0.0))
+        return capacity - self.occupied(latest) - self._queue.releasing
+
+    def release(self) -> int:
+        """Release held requests as far as there is room (all of them when the decision is stale or gone:
+        fail open); how many went."""
+        latest = self.board.fresh("admission")
+        if latest is not None and self.holding(held=True):
+            return 0
+        return self._queue.release(None if latest is None else self.room(latest))
+
+    async def _dispatch(self) -> None:
+        """While requests are held: release them as the board changes and as requests finish."""
+        while self._queue.waiting:
+            self.release()
+            await self.board.wait_change(timeout_s=RELEASE_STEP_S)
+
+    async def hold(self, cls: str, *, unreachable: bool = False) -> str | None:
+        """Wait for room at a Ready replica; None once released (or the controller cannot say: fail open),
+        else why the request is dropped. `unreachable`: the model refused the request's connection, so it is
+        held as one already held (through a decision that does not know the Ready replicas)."""
+        if not self.holding(held=unreachable) and not self._queue.waiting:
             return None
         if self._held >= self.max_held and self.priorities[cls] < self.top:
             return f"{self._held} requests held for a replica: no room"
         arrived = self.clock.now()
         limit_s = self.hold_limit_s()
+        waiter = self._queue.push(self.priorities[cls])
         self._held += 1
         self.board.set_held(self._held)
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.ensure_future(self._dispatch())
         try:
-            while self.holding(held=True):
+            while not waiter.released:
+                self.release()  # also here: a dispatcher that stopped must not strand anyone
                 remaining_s = arrived + limit_s - self.clock.now()
+                if waiter.released:
+                    break
                 if remaining_s <= 0:
                     self.on_hold("expired", self.clock.now() - arrived)
                     return f"no replica Ready after {limit_s:.0f} s"
-                await self.board.wait_change(timeout_s=min(remaining_s, HOLD_RECHECK_S))
+                try:
+                    await asyncio.wait_for(waiter.event.wait(), min(remaining_s, HOLD_RECHECK_S))
+                except asyncio.TimeoutError:
+                    pass
             self.on_hold("admitted", self.clock.now() - arrived)
             return None
         finally:
+            self._queue.leave(waiter)
             self._held -= 1
             self.board.set_held(self._held)
 
-    async def _held_answer(self, cls: str, expired_status: int, expired_headers: dict[str, str]) -> web.Response | None:
-        dropped = await self.hold(cls)
+    async def _held_answer(self, cls: str, expired_status: int, expired_headers: dict[str, str], *,
+                           unreachable: bool = False) -> web.Response | None:
+        dropped = await self.hold(cls, unreachable=unreachable)
         if dropped is None:
             return None
         self.on_result(cls, "hold_expired")
@@ -215,15 +294,18 @@ class Admission:
     async def auth_request(self, request: web.Request) -> web.Response:
         """nginx's ordinary subrequest, under a short timeout: never held; 401 sends it to the hold, whose
         subrequest classifies the request (classified here too, an unknown class would count twice)."""
-        if self.holding():
+        if self.holding() or self._queue.waiting:
             self.board.wake.set()  # the loop starts deciding now; the hold subrequest follows at once
             return web.Response(status=401, text="no replica Ready: hold\n", headers={"X-Hold": "1"})
         return self._answer(self.classify(request.headers.get(self.header)), 403)
 
     async def auth_request_hold(self, request: web.Request) -> web.Response:
-        """nginx's hold subrequest, under a timeout above the hold's: 200 once admitted, 403 when expired."""
+        """nginx's hold subrequest, under a timeout above the hold's: 200 once admitted, 403 when expired. Also
+        for a request whose model refused its connection (`X-Model-Unreachable`, set by the gateway)."""
         cls = self.classify(request.headers.get(self.header))
-        return await self._held_answer(cls, 403, {"X-Hold-Expired": "1"}) or self._answer(cls, 403)
+        unreachable = bool(request.headers.get("X-Model-Unreachable"))
+        return (await self._held_answer(cls, 403, {"X-Hold-Expired": "1"}, unreachable=unreachable)
+                or self._answer(cls, 403))
 
     def app(self) -> web.Application:
         app = web.Application()

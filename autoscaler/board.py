@@ -14,7 +14,11 @@ Scale to zero: each decision carries the Ready replicas the cluster reported (`r
 unknown), and `set_ready` updates them between ticks, so a request the admission endpoint holds at zero is
 released as soon as a replica is Ready. The endpoint counts what it holds in `held_requests`; a change of
 that count wakes the watchers (KEDA's StreamIsActive says active at once) and sets `wake`, which the
-loop's sleep waits on, so the next tick starts at once instead of after `tick_s`.
+loop's sleep waits on, so the next tick starts at once instead of after `tick_s`. `last_ready` keeps the
+latest Ready count that was known, for a decision that does not know it (a tick that missed the cluster), and
+`last_serving` the latest decision made with Ready replicas: what one replica takes (its slots, completions,
+the saturation guard's depths), which the admission endpoint releases held requests by after a cold start
+(the decisions made at zero know no Ready slot).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class DecisionBoard:
     clock: Clock = field(default_factory=SystemClock, repr=False)
     on_stale: Callable[[str], None] = field(default=lambda reader: None, repr=False)
     held_requests: int = 0  # requests the admission endpoint holds for a Ready replica, now
+    last_ready: int | None = None  # the latest Ready replicas known (a decision may not know them)
+    last_serving: Decision | None = None  # the latest decision made with Ready slots
     _changed: asyncio.Condition | None = field(default=None, repr=False)
     _wake: asyncio.Event | None = field(default=None, repr=False)
     _notifying: set = field(default_factory=set, repr=False)
@@ -86,12 +92,17 @@ class DecisionBoard:
     async def publish(self, value: Published) -> None:
         previous = self.latest
         self.latest = value
+        if value.ready_replicas is not None:
+            self.last_ready = value.ready_replicas
+        if value.decision.valid and value.decision.saturation_slots > 0:
+            self.last_serving = value.decision
         if (previous is None or previous.replicas != value.replicas or previous.decision.shed != value.decision.shed
                 or previous.ready_replicas != value.ready_replicas):
             await self._notify()
 
     async def set_ready(self, ready_replicas: int) -> None:
         """The Ready replicas now, between ticks (e.g. from a watch or a probe); wakes held requests."""
+        self.last_ready = ready_replicas
         if self.latest is not None and self.latest.ready_replicas != ready_replicas:
             self.latest = replace(self.latest, ready_replicas=ready_replicas)
             await self._notify()

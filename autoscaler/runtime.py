@@ -272,6 +272,7 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
         # Only where a decision of 0 takes replicas away (not in shadow mode) and a held request wakes the
         # model (the idle rule's wake; without idle_after_s a held request is no demand the policy reads).
         hold_going_to_zero=settings.mode != Mode.shadow and settings.policy.idle_after_s is not None,
+        replica_slots=settings.policy.replica_concurrency,
     )
 
 

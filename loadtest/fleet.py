@@ -4,7 +4,7 @@
         [--concurrency 16] [--time-scale 0.1] [--targets-file F.json] [--upstreams-file F.conf] \
         [--nginx-pid-file F.pid] [--events-file F.jsonl]
 
-kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.42.0.0/16`), so a
+kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.X.0.0/16`), so a
 server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
 Every `poll_s` the fleet lists the Deployment's pods: a Ready pod with an IP gets a server; a pod that is
 deleted (or being deleted, or no longer Ready) leaves the gateway's list at once and, `drain_delay_s`
@@ -15,10 +15,11 @@ Each start and drain is one JSON line in `--events-file`.
 
 With `--service-port`, while no pod is Ready the gateway's list holds a stand-in for the model's Service
 (kube-proxy) on 127.0.0.1 instead of a refusing address: it forwards each connection to the live server
-with the fewest requests, or closes it while there is none. A request the gateway held while the model was
-at zero was accepted by an nginx worker that keeps the list of its time (a reload starts new workers; the old
-ones finish what they have); through the stand-in it reaches the replica that released it, as it would
-through a Service in a cluster.
+with the fewest requests, and listens only while there is one (a Service without endpoints refuses the
+connection: kube-proxy rejects it), so the gateway sees a refused connection, as in a cluster. A request
+the gateway held while the model was at zero was accepted by an nginx worker that keeps the list of its
+time (a reload starts new workers; the old ones finish what they have); through the stand-in it reaches the
+replica that released it, as it would through a Service in a cluster.
 """
 
 from __future__ import annotations
@@ -64,12 +65,21 @@ class ServiceStandIn:
         return f"server 127.0.0.1:{self.port} max_fails=0;  # no Ready pod: the Service\n"
 
     async def start(self) -> None:
-        self.listener = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        await self.follow()
+
+    async def follow(self) -> None:
+        """Listen while a server is live, else refuse connections (closed, as a Service without endpoints)."""
+        live = any(not s.draining for s in self.servers.values())
+        if live and self.listener is None:
+            self.listener = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        elif not live and self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         live = [s for s in self.servers.values() if not s.draining]
         if not live:
-            writer.close()  # a Service without endpoints: refused
+            writer.close()  # accepted just before the last server went: closed unanswered
             return
         target = min(live, key=lambda s: s.server.in_flight)
         try:
@@ -146,6 +156,8 @@ class Fleet:
                 self._event("started", name, ip=view.ip)
                 changed = True
         if changed:
+            if self.service is not None:
+                await self.service.follow()
             self.publish()
         return changed
 

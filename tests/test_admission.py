@@ -30,9 +30,9 @@ MAP_ENTRIES = {"$request_priority": ['"key-of-checkout" critical;', '"key-of-bat
 
 
 @contextlib.contextmanager
-def serving(thread: LoopThread, app: web.Application):
-    """`app` on 127.0.0.1 in `thread`'s event loop; yields its base URL."""
-    port = free_port()
+def serving(thread: LoopThread, app: web.Application, port: int | None = None):
+    """`app` on 127.0.0.1 (at `port`, else a free one) in `thread`'s event loop; yields its base URL."""
+    port = port or free_port()
 
     async def serve():
         runner = web.AppRunner(app)

@@ -21,18 +21,21 @@ def test_the_stand_in_forwards_to_a_live_server_and_refuses_without_one():
         url = f"http://127.0.0.1:{service.port}/v1/completions"
         body = {"model": "fake-model", "prompt": "a b c", "max_tokens": 2}
         async with aiohttp.ClientSession() as session:
-            with pytest.raises(aiohttp.ClientError):
+            with pytest.raises(aiohttp.ClientConnectorError):  # refused, not accepted and closed
                 async with session.post(url, json=body) as response:
                     await response.read()
             server = RunningServer(FakeModelServer(concurrency=2, time_scale=0.001), "127.0.0.1", free_port())
             await server.start()
             servers["pod-a"] = server
+            await service.follow()
             try:
                 async with session.post(url, json=body, headers={"Connection": "close"}) as response:
                     assert response.status == 200
                     assert (await response.json())["usage"]["completion_tokens"] == 2
             finally:
                 await server.drain()
-        service.listener.close()
+        servers.clear()
+        await service.follow()
+        assert service.listener is None
 
     asyncio.run(scenario())

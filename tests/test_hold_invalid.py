@@ -46,6 +46,22 @@ def test_a_new_request_is_held_while_an_invalid_decision_knows_no_replica_is_rea
     status, headers = get(f"{endpoint}/ext_authz/", "standard")
     assert status == 503 and headers["Retry-After"] == "7"  # held, then expired: deliberate, not a 502
     assert time.monotonic() - started >= MAX_HOLD_S
-    invalid(board, thread, ready=None)  # not known: fail open, as before
+
+
+def test_a_decision_that_does_not_know_the_ready_replicas_holds_after_a_known_zero(stack):  # noqa: F811
+    """A tick that missed reading the cluster during a cold start: the latest count known was 0, so a new
+    request would reach no replica (in the closed loop such requests were answered 502 within 0.1 s). Held,
+    and released once a replica is Ready. With no Ready count ever known: fail open, as before."""
+    thread, board, endpoint = stack["thread"], stack["board"], stack["endpoint"]
+    invalid(board, thread, ready=None)
     started = time.monotonic()
     assert get(f"{endpoint}/ext_authz/", "standard")[0] == 200 and time.monotonic() - started < 0.5
+    at_zero(board, thread)
+    invalid(board, thread, ready=None)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(get, f"{endpoint}/ext_authz/v1/completions", "standard")
+        wait_for(lambda: board.held_requests == 1)
+        time.sleep(0.3)
+        assert not answer.done(), "admitted on a decision that does not know the Ready replicas after 0"
+        thread.run(board.set_ready(1))
+        assert answer.result(5)[0] == 200

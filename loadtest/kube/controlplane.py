@@ -4,8 +4,9 @@ etcd and kube-apiserver (RBAC, token auth, self-signed serving certificate, and 
 request-header CA and proxy client certificate, so an extension API server such as KEDA's metrics adapter
 can be registered) always; kube-controller-manager (Deployments, ReplicaSets, garbage collection,
 namespaces, the HPA), kube-scheduler and kwok (which plays the kubelet for fake GPU nodes) when pods have to
-be created, scheduled and become Ready. kwok gives pods IPs from 127.42.0.0/16, so a fake model server can
-listen on a pod's own IP. Everything listens on loopback with free ports and is stopped afterwards.
+be created, scheduled and become Ready. kwok gives pods IPs from a loopback /16 (127.X.0.0/16, X drawn per
+control plane, see `pod_cidr`), so a fake model server can listen on a pod's own IP. Everything listens on
+loopback with free ports and is stopped afterwards.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import ssl
 import subprocess
 import tempfile
@@ -28,7 +30,16 @@ from loadtest.realservers import free_port, stop
 ROOT = Path(__file__).resolve().parent.parent.parent
 BUILD = Path(__file__).resolve().parent / "build.sh"
 ADMIN_TOKEN = "admin-token-for-tests"
-POD_CIDR = "127.42.0.0/16"  # loopback: a pod's IP is an address a fake server can listen on
+
+
+def pod_cidr() -> str:
+    """Loopback addresses for one control plane's pods (a pod's IP is an address a fake server can listen
+    on). Drawn per control plane: kwok numbers pods from the start of its range, so two control planes on one
+    machine with the same range (two closed-loop runs at once) gave their pods the same IPs, and one run's
+    fake servers could not bind while the other's held the addresses (or its probe read the other's).
+    127.0-42.x are left out: 127.0.0.1 serves everything else, and 127.42.0.0/16 was every control plane's
+    range before."""
+    return f"127.{random.SystemRandom().randrange(43, 255)}.0.0/16"
 
 KWOK_STAGES = """
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -340,7 +351,7 @@ def control_plane(*, with_pods: bool = False, hpa_sync_s: float = 15.0, niceness
                 start("kwok", [
                     f"--kubeconfig={admin}", f"--config={stages}", "--manage-all-nodes=false",
                     "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                    f"--server-address=127.0.0.1:{free_port()}", f"--cidr={POD_CIDR}",
+                    f"--server-address=127.0.0.1:{free_port()}", f"--cidr={pod_cidr()}",
                 ])
             yield ControlPlane(url=url, ca_file=ca_file, token=ADMIN_TOKEN, kubeconfig=str(admin), tmp=tmp,
                                bin_dir=bin_dir, niceness=niceness)
