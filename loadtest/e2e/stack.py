@@ -331,7 +331,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
         wait_until(lambda: st.sample()["pooled"]["ready"] >= config.pooled_warm_slots,
                    120 + 2 * config.node_provisioning_s / f, what=f"{config.pooled_warm_slots} pooled warm slots Ready")
         wait_until(lambda: len(json.loads(targets.read_text() or "[]")[0]["targets"]) >= initial_replicas
-                   if targets.read_text().strip() not in ("", "[]") else False, 30, what="the fleet serving")
+                   if targets.read_text().strip() not in ("", "[]") else False, 120,
+                   what="the fleet serving")  # wall clock: room for a loaded machine, as the fleet stack
         for c in ctrls:
             c.start(cp.kubeconfig)
             exit_stack.callback(c.stop)
