@@ -19,6 +19,11 @@ cluster reader counts the ready pooled slots of its shape (its lead time is the 
 free), and it writes no placeholder of its own (its decision's `warm_slots` is 0; a reason names its share
 of the pool). The pool is written only where `write_pool` holds (actuate mode, and the process's leader).
 
+Drains. Each model's `drain_s` is its pods' termination grace period (30 s, Kubernetes' default, when
+unset): the longest a reclaim of its GPUs waits for one of its replicas to drain. It ranks a higher tier's
+warm slots before this model's replicas when the budget binds (the higher tier's growth risk over that
+drain), and it is part of a nominal claim's reclaim horizon (policies/fleet.py).
+
 Floors. A model's `min_replicas` (0 when it may scale to zero) is the floor its scale actuator keeps
 whatever it is told, so the fleet guarantees it as the model's nominal quota (served before every tier;
 what the model does not use of it is lent). Floors that sum above the cap are still raised by the actuators:
@@ -48,6 +53,7 @@ from policies.fleet import Budgets, FleetDecision, FleetSpec, FleetState, ModelD
 log = structlog.get_logger("autoscaler")
 
 Key = tuple[str, str]
+DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec leaves it out
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,13 @@ def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
         demand_replicas=class_demand(asked, member.decided.signals.arrival_rate_by_priority, spec.classes),
         gpus_per_replica=int(gpus), warm_slots=decision.warm_slots if decision.valid else 0, lead_time_s=lead,
         drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus))
+
+
+def drain_s(template: Any) -> float:
+    """The longest one of the model's replicas may take to drain: its pods' termination grace period
+    (Kubernetes' default 30 s when unset). A reclaim of its GPUs waits for it (policies/fleet.py)."""
+    grace = getattr(getattr(template, "spec", None), "termination_grace_period_seconds", None)
+    return float(grace) if isinstance(grace, (int, float)) and grace >= 0 else DEFAULT_GRACE_S
 
 
 def with_allocation(decision: Decision, allocation, *, pooled: bool) -> Decision:
@@ -159,7 +172,7 @@ class FleetStep:
             policy = controllers[key].settings.policy
             floor = 0 if policy.idle_after_s is not None else policy.min_replicas  # as the scale actuator's
             members.append(Member(key, d, template, tier=getattr(obj, "tier", 1), weight=getattr(obj, "weight", 1.0),
-                                  min_replicas=floor))
+                                  min_replicas=floor, drain_s=drain_s(template)))
         out.update(self.decide(members))
         if self.pooled is not None and write_pool and self.last is not None:
             try:
