@@ -15,8 +15,8 @@ from autoscaler.loop import Decided
 from policies import ClusterState, Decision, Signals
 from policies.fleet import Budgets
 
-from test_fleet import Running, create, crd, fleet_settings  # noqa: F401 - crd: the fixture
-from test_fleet_allocation import RateHub, template
+from test_fleet import Running, crd  # noqa: F401 - crd: the fixture
+from test_fleet_allocation import RateHub, template, two_pooling_models
 
 
 def scraped_warm_slots(registry) -> dict[str, float]:
@@ -30,15 +30,7 @@ def test_each_models_warm_slots_gauge_is_its_share_of_the_pooled_slots(cluster, 
     """Two models each needing 2 warm slots alone pool 3 (ceil(sqrt(8))): the gauges read 2 and 1, their
     shares of the pool, not 0."""
     ns = namespace
-    create(cluster, ns, ["a", "b"], warm_growth_min_ratio=0.5)
-    status, body = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
-                                   {"metadata": {"name": fleet_settings(ns).warm_pool.priority_class}, "value": -5})
-    assert status in (201, 409), body
-    base = fleet_settings(ns)
-    settings = base.model_copy(update={
-        "capacity": base.capacity.model_copy(update={"max_gpus": 13}),
-        "warm_pool": base.warm_pool.model_copy(update={"enabled": True}),
-        "fleet": base.fleet.model_copy(update={"lease_namespace": ns})})
+    settings = two_pooling_models(cluster, ns)
 
     async def go():
         async with Running(cluster, settings, RateHub({(ns, "a"): 64, (ns, "b"): 64})) as run:
