@@ -537,12 +537,17 @@ def _pool_reasons(spec: FleetSpec, models: list[ModelDemand], pool: _Pool) -> li
     return reasons
 
 
+def _short_of_fleet(m: ModelDemand, fill: _Fill) -> bool:
+    """`m` got fewer replicas than it wanted because of the fleet budget (not its namespace or borrowing)."""
+    return fill.replicas[m.name] < m.replicas_wanted and fill.held_by.get(m.name, "fleet") == "fleet"
+
+
 def _warm_ahead(models: list[ModelDemand], fill: _Fill, warm: _Warm) -> list[tuple[int, str]]:
     """Per tier whose warm slots were reserved before a lower tier left short: (tier, "1 warm slot for tier 0
     before tier 2's replicas")."""
     out = []
     for tier, g, n in warm.early:
-        short = sorted({m.tier for m in models if m.tier > tier and fill.replicas[m.name] < m.replicas_wanted})
+        short = sorted({m.tier for m in models if m.tier > tier and _short_of_fleet(m, fill)})
         if short:
             lower = " and ".join(f"tier {t}" for t in short)
             out.append((tier, f"{n} warm slot{'s' if n != 1 else ''} for tier {tier} before {lower}'s replicas "
@@ -586,7 +591,7 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         if share:
             reasons.append(f"warm pool: {share} of the {pool.slots[m.gpus_per_replica]} pooled "
                            f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
-        if fill.replicas[m.name] < m.replicas_wanted:
+        if _short_of_fleet(m, fill):
             reasons.extend(r for t, r in ahead if t < m.tier)
         out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=share, shed=shed,
                                  replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
