@@ -57,8 +57,9 @@ tier's growth is served by reclaiming one: the node is there, so the wait is the
 the start-up, against the start-up alone from a warm slot. A slot held for the higher tier saves it that
 drain and costs the lower tier a replica for as long as it is held. So the part of a tier's warm need that
 ranks before lower tiers' replicas is its risk over that drain, the longest `drain_s` among the lower
-tiers' models, taken as linear in time (a ramp): ceil(warm x drain / lead time) (`early_warm_slots`; the
-whole need when the drain is not shorter than the lead time). It is reserved right after the tier's own
+tiers' models, taken as linear in time (a ramp): ceil(warm x drain / window) (`early_warm_slots`), the
+window being the time its warm need covers growth over (`warm_window_s`, node provisioning; else its lead
+time), the whole need when the drain is not shorter. It is reserved right after the tier's own
 replicas (`FleetSpec.warm_after`: "tier"; a class name puts it right after that class of the tier; "last"
 ranks every warm slot after every replica), pooled over the tiers insured so far, and given to that
 tier's models; the reasons say "1 warm slot for tier 0 before tier 2's replicas". The rest of the pool
@@ -137,6 +138,8 @@ class ModelDemand:
     sheddable: tuple[str, ...] = ("sheddable",)
     shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
     drain_s: float = 0.0  # how long one of its replicas takes to drain when its GPUs are reclaimed
+    # the time `warm_slots` covers growth over (its node provisioning time); None: its lead time
+    warm_window_s: float | None = None
 
     def __post_init__(self) -> None:
         bad = [f"{c} = {n!r}" for c, n in self.demand_replicas.items() if not isinstance(n, int) or n < 0]
@@ -146,10 +149,10 @@ class ModelDemand:
             raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
-        if not (self.drain_s >= 0 and math.isfinite(self.drain_s)) or not (
-                self.lead_time_s is None or (self.lead_time_s >= 0 and math.isfinite(self.lead_time_s))):
-            raise ValueError(f"model {self.name!r}: drain_s = {self.drain_s!r} and lead_time_s = "
-                             f"{self.lead_time_s!r} must be finite seconds >= 0")
+        if not (self.drain_s >= 0 and math.isfinite(self.drain_s)) or not all(
+                t is None or (t >= 0 and math.isfinite(t)) for t in (self.lead_time_s, self.warm_window_s)):
+            raise ValueError(f"model {self.name!r}: drain_s = {self.drain_s!r}, lead_time_s = {self.lead_time_s!r} "
+                             f"and warm_window_s = {self.warm_window_s!r} must be finite seconds >= 0")
         if self.nominal_gpus < 0 or self.warm_slots < 0 or (self.borrowing_limit_gpus or 0) < 0:
             raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}), borrowing_limit_gpus "
                              f"({self.borrowing_limit_gpus}) and warm_slots ({self.warm_slots}) must be >= 0")
@@ -406,16 +409,19 @@ def _claims_unserved(models: list[ModelDemand], fill: _Fill, state: FleetState, 
 
 def early_warm_slots(m: ModelDemand, models: list[ModelDemand]) -> int:
     """The part of `m`'s warm need that ranks before lower tiers' replicas: its growth risk over what a reclaim
-    of a lower tier adds to its start-up, the longest drain among them. Its warm need is its risk over its lead
-    time (start-up plus node provisioning); when the limit binds, the node is there, held by a lower tier, and
-    a slot saves only that drain. Taken as linear in time (a ramp): ceil(warm x drain / lead). No drain (a
-    reclaim that frees the GPU at once): 0, every warm slot ranks after every replica."""
+    of a lower tier adds to its start-up, the longest drain among them. Its warm need is its risk over its
+    warm window (node provisioning; its lead time when not given); when the limit binds, the node is there,
+    held by a lower tier, and a slot saves only that drain. Taken as linear in time (a ramp):
+    ceil(warm x drain / window). No drain (a reclaim that frees the GPU at once): 0, every warm slot ranks
+    after every replica. Not the lead time when the window is known: it drops to the start-up while a
+    pooled slot is free, which would inflate this."""
     drain_s = max((o.drain_s for o in models if o.tier > m.tier), default=0.0)
+    window_s = m.warm_window_s if m.warm_window_s is not None else m.lead_time_s
     if drain_s <= 0 or m.warm_slots == 0:
         return 0
-    if not m.lead_time_s or m.lead_time_s <= drain_s:
+    if not window_s or window_s <= drain_s:
         return m.warm_slots
-    return math.ceil(round(m.warm_slots * drain_s / m.lead_time_s, 9))
+    return math.ceil(round(m.warm_slots * drain_s / window_s, 9))
 
 
 def warm_points(spec: FleetSpec, models: list[ModelDemand]) -> dict[tuple[int, str], list[int]]:

@@ -268,6 +268,7 @@ def test_class_demand_ignores_broken_rates():
     ({"borrowing_limit_gpus": -1}, "must be >= 0"),
     ({"drain_s": -1.0}, "drain_s = -1.0"),
     ({"lead_time_s": math.inf}, "lead_time_s = inf"),
+    ({"warm_window_s": -5.0}, "warm_window_s = -5.0"),
 ])
 def test_bad_model_input_is_a_clear_error(fields, words):
     with pytest.raises(ValueError, match=words):
@@ -400,6 +401,10 @@ def test_the_top_tiers_warm_slot_comes_before_the_lowest_tiers_replicas_by_the_d
     batch = ModelDemand("batch", demand(critical=2, standard=3, sheddable=2), tier=2, warm_slots=2, drain_s=30.0)
     fleet = [chat, code, batch]
     assert [early_warm_slots(m, fleet) for m in fleet] == [1, 0, 0]
+    # its warm need covers growth over its node provisioning (120 s), whatever its lead time: a free pooled
+    # slot drops the lead time to a 20-s start-up, not the early part to the whole need
+    assert early_warm_slots(replace(chat, lead_time_s=20.0, warm_window_s=120.0), fleet) == 1
+    assert early_warm_slots(replace(chat, lead_time_s=20.0), fleet) == 4
     decision, _ = allocate(SPEC, fleet, Budgets(fleet_gpus=14), FleetState(), 0.0)
     assert [(decision.models[n].replicas, decision.models[n].warm_slots) for n in ("chat", "code", "batch")] == [
         (8, 1), (2, 0), (3, 0)]

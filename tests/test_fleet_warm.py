@@ -55,14 +55,15 @@ def model_at(replicas: int, *, warm: int, grace_s: int | None):
     controller = SimpleNamespace(cluster=SimpleNamespace(pod_template=pod_template),
                                  settings=SimpleNamespace(policy=SimpleNamespace(idle_after_s=None, min_replicas=0)))
     cluster = ClusterState(spec_replicas=replicas, ready_replicas=replicas, starting_replicas=0, at_s=0.0)
-    return controller, Decided(0.0, Signals(cluster=cluster), Decision(replicas=replicas, warm_slots=warm,
-                                                                       lead_time_s=120.0))
+    # a pooled slot free: the lead time is the 20-s start-up; the warm need covers 120 s of node provisioning
+    decision = Decision(replicas=replicas, warm_slots=warm, lead_time_s=20.0, node_provisioning_s=120.0)
+    return controller, Decided(0.0, Signals(cluster=cluster), decision)
 
 
 def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_replicas():
-    """10 GPUs; "top" (tier 0) wants 6 and its growth risk over its 120-s lead time is 4 slots; "low" (tier 2)
-    wants 6. A reclaim of low's GPUs waits for its pods' 30-s grace period, so ceil(4 x 30 / 120) = 1 slot is
-    top's before low's replicas: low gets 3. With a grace period of 0, low gets all 4 GPUs left."""
+    """10 GPUs; "top" (tier 0) wants 6 and its growth risk over its 120-s node provisioning is 4 slots; "low"
+    (tier 2) wants 6. A reclaim of low's GPUs waits for its pods' 30-s grace period, so ceil(4 x 30 / 120) = 1
+    slot is top's before low's replicas: low gets 3. With a grace period of 0, low gets all 4 GPUs left."""
     def run(grace_s):
         models = {("ns", "top"): model_at(6, warm=4, grace_s=None), ("ns", "low"): model_at(6, warm=0, grace_s=grace_s)}
         objects = {("ns", name): SimpleNamespace(tier=tier, weight=1.0) for name, tier in (("top", 0), ("low", 2))}

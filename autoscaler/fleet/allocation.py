@@ -22,7 +22,8 @@ of the pool). The pool is written only where `write_pool` holds (actuate mode, a
 Drains. Each model's `drain_s` is its pods' termination grace period (30 s, Kubernetes' default, when
 unset): the longest a reclaim of its GPUs waits for one of its replicas to drain. It ranks a higher tier's
 warm slots before this model's replicas when the budget binds (the higher tier's growth risk over that
-drain), and it is part of a nominal claim's reclaim horizon (policies/fleet.py).
+drain, over its node provisioning time, the window its warm need covers), and it is part of a nominal
+claim's reclaim horizon (policies/fleet.py).
 
 Floors. A model's `min_replicas` (0 when it may scale to zero) is the floor its scale actuator keeps
 whatever it is told, so the fleet guarantees it as the model's nominal quota (served before every tier;
@@ -73,6 +74,10 @@ def _name(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
 
 
+def _finite(seconds: float | None) -> float | None:
+    return seconds if seconds is not None and math.isfinite(seconds) else None
+
+
 def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
     """What the fleet decision reads of one model; a held model asks for what it has. ValueError on bad input."""
     decision, cluster = member.decided.decision, member.decided.signals.cluster
@@ -80,12 +85,13 @@ def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
     if gpus <= 0 or gpus != int(gpus):
         raise ValueError(f"its replica requests {gpus} GPUs; the fleet budget counts whole GPUs (>= 1)")
     asked = decision if decision.valid else Decision(replicas=cluster.spec_replicas if cluster else 0)
-    lead = decision.lead_time_s if decision.lead_time_s is not None and math.isfinite(decision.lead_time_s) else None
+    lead = _finite(decision.lead_time_s)
     return ModelDemand(
         name=_name(member.key), namespace=member.key[0], tier=member.tier, weight=member.weight,
         demand_replicas=class_demand(asked, member.decided.signals.arrival_rate_by_priority, spec.classes),
         gpus_per_replica=int(gpus), warm_slots=decision.warm_slots if decision.valid else 0, lead_time_s=lead,
-        drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus))
+        drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus),
+        warm_window_s=_finite(decision.node_provisioning_s))
 
 
 def drain_s(template: Any) -> float:
