@@ -47,25 +47,42 @@ Pooled warm capacity, per replica shape: the models' own warm needs are their gr
 sum; insured together, with independent risks, the quantile of the sum is about sqrt(sum of squares):
 e.g. four models each needing 4 warm slots need 16 alone but ceil(sqrt(4 x 16)) = 8 pooled. Correlated
 surges (one event hitting every model) break the independence; `warm_correlation_ratio` (0: independent,
-1: fully correlated, the sum) blends the two. The pool gets what the budget leaves after all replicas,
-smallest shape first (placeholders are the fleet's: namespace caps do not apply to them), and is
-apportioned to the models by their share of the squared risk, never above a model's own need, for
-actuators that keep placeholders per model.
+1: fully correlated, the sum) blends the two. Placeholders are the fleet's: namespace caps do not apply to
+them; within a budget, smallest shape first. Each model's part is apportioned by its share of the squared
+risk, never above its own need, for actuators that keep placeholders per model (and its metrics).
+
+Where warm slots rank when the budget binds. A model's warm need is its growth risk over its lead time,
+start-up plus node provisioning. When the fleet is at its budget and a lower tier holds GPUs, a higher
+tier's growth is served by reclaiming one: the node is there, so the wait is the lower tier's drain plus
+the start-up, against the start-up alone from a warm slot. A slot held for the higher tier saves it that
+drain and costs the lower tier a replica for as long as it is held. So the part of a tier's warm need that
+ranks before lower tiers' replicas is its risk over that drain, the longest `drain_s` among the lower
+tiers' models, taken as linear in time (a ramp): ceil(warm x drain / window) (`early_warm_slots`), the
+window being the time its warm need covers growth over (`warm_window_s`, node provisioning; else its lead
+time), the whole need when the drain is not shorter. It is reserved right after the tier's own
+replicas (`FleetSpec.warm_after`: "tier"; a class name puts it right after that class of the tier; "last"
+ranks every warm slot after every replica), pooled over the tiers insured so far, and given to that
+tier's models; the reasons say "1 warm slot for tier 0 before tier 2's replicas". The rest of the pool
+(the fleet's whole need, as above) gets what the budget leaves after all replicas. Without drains (the
+default, and the benchmark's simulator, where a reclaimed GPU is free at once) no warm slot ranks early:
+ranking the whole need early there cost the lower tiers much and bought the top tier nothing
+(docs/fleet.md).
 
 Invariants (tests/test_fleet_policy.py, hypothesis): never above the fleet cap or a namespace cap; a
 level's allocation does not depend on any lower level's demand; equal weights at equal demand are within
 one replica; more GPUs never lower any model's replicas when all models share one replica shape (with
 mixed shapes whole replicas make that impossible together with work conservation: with 5 GPUs a 4-GPU
 replica that does not fit at its turn leaves them to a 1-GPU model, with 7 it fits and the 1-GPU model
-gets less); no GPU left idle while a model's replica with unmet demand fits; only sheddable classes are
-shed, never below the model's own level.
+gets less); no GPU left idle (replicas and warm slots count as held) while a model's replica with unmet
+demand fits; only sheddable classes are shed, never below the model's own level; with one replica shape, a
+lower tier holds a replica only once the early warm slots of every tier above it are reserved in full.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from policies.spec import PRIORITY_CLASSES
@@ -84,6 +101,13 @@ class FleetSpec:
     levels: tuple[tuple[int, str], ...] = ()
     warm_stabilization_s: float = 0.0
     warm_correlation_ratio: float = 0.0
+    # where a tier's pooled warm slots rank: "tier" (after the tier's own replicas, before any lower tier's),
+    # a class (right after the tier's level of that class), or "last" (after every replica)
+    warm_after: str = "tier"
+
+    def __post_init__(self) -> None:
+        if self.warm_after not in ("tier", "last", *self.classes):
+            raise ValueError(f"warm_after = {self.warm_after!r}: expected 'tier', 'last' or one of {self.classes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +138,8 @@ class ModelDemand:
     sheddable: tuple[str, ...] = ("sheddable",)
     shed: Mapping[str, float] = field(default_factory=dict)  # the model's own shed levels, kept as a floor
     drain_s: float = 0.0  # how long one of its replicas takes to drain when its GPUs are reclaimed
+    # the time `warm_slots` covers growth over (its node provisioning time); None: its lead time
+    warm_window_s: float | None = None
 
     def __post_init__(self) -> None:
         bad = [f"{c} = {n!r}" for c, n in self.demand_replicas.items() if not isinstance(n, int) or n < 0]
@@ -123,10 +149,10 @@ class ModelDemand:
             raise ValueError(f"model {self.name!r}: gpus_per_replica = {self.gpus_per_replica!r}, must be >= 1")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"model {self.name!r}: weight = {self.weight!r}, must be a finite number > 0")
-        if not (self.drain_s >= 0 and math.isfinite(self.drain_s)) or not (
-                self.lead_time_s is None or (self.lead_time_s >= 0 and math.isfinite(self.lead_time_s))):
-            raise ValueError(f"model {self.name!r}: drain_s = {self.drain_s!r} and lead_time_s = "
-                             f"{self.lead_time_s!r} must be finite seconds >= 0")
+        if not (self.drain_s >= 0 and math.isfinite(self.drain_s)) or not all(
+                t is None or (t >= 0 and math.isfinite(t)) for t in (self.lead_time_s, self.warm_window_s)):
+            raise ValueError(f"model {self.name!r}: drain_s = {self.drain_s!r}, lead_time_s = {self.lead_time_s!r} "
+                             f"and warm_window_s = {self.warm_window_s!r} must be finite seconds >= 0")
         if self.nominal_gpus < 0 or self.warm_slots < 0 or (self.borrowing_limit_gpus or 0) < 0:
             raise ValueError(f"model {self.name!r}: nominal_gpus ({self.nominal_gpus}), borrowing_limit_gpus "
                              f"({self.borrowing_limit_gpus}) and warm_slots ({self.warm_slots}) must be >= 0")
@@ -381,10 +407,80 @@ def _claims_unserved(models: list[ModelDemand], fill: _Fill, state: FleetState, 
     return out
 
 
+def early_warm_slots(m: ModelDemand, models: list[ModelDemand]) -> int:
+    """The part of `m`'s warm need that ranks before lower tiers' replicas: its growth risk over what a reclaim
+    of a lower tier adds to its start-up, the longest drain among them. Its warm need is its risk over its
+    warm window (node provisioning; its lead time when not given); when the limit binds, the node is there,
+    held by a lower tier, and a slot saves only that drain. Taken as linear in time (a ramp):
+    ceil(warm x drain / window). No drain (a reclaim that frees the GPU at once): 0, every warm slot ranks
+    after every replica. Not the lead time when the window is known: it drops to the start-up while a
+    pooled slot is free, which would inflate this."""
+    drain_s = max((o.drain_s for o in models if o.tier > m.tier), default=0.0)
+    window_s = m.warm_window_s if m.warm_window_s is not None else m.lead_time_s
+    if drain_s <= 0 or m.warm_slots == 0:
+        return 0
+    if not window_s or window_s <= drain_s:
+        return m.warm_slots
+    return math.ceil(round(m.warm_slots * drain_s / window_s, 9))
+
+
+def warm_points(spec: FleetSpec, models: list[ModelDemand]) -> dict[tuple[int, str], list[int]]:
+    """After which level each tier's warm slots are reserved (`FleetSpec.warm_after`); a tier not named here
+    (warm_after "last", or a tier without a level in an explicit order) gets its warm slots after every level."""
+    if spec.warm_after == "last":
+        return {}
+    order = level_order(spec, models)
+    points: dict[tuple[int, str], list[int]] = {}
+    for tier in sorted({m.tier for m in models}):
+        own = [lv for lv in order if lv[0] == tier]
+        named = [lv for lv in own if lv[1] == spec.warm_after]
+        if own:
+            points.setdefault((named or own)[-1], []).append(tier)
+    return points
+
+
+@dataclass
+class _Warm:
+    """The pooled warm slots reserved so far (per shape), each model's share, and for the reasons which tier's
+    slots were reserved before which level."""
+
+    correlation: float
+    reserved: dict[int, int] = field(default_factory=dict)
+    shares: dict[str, int] = field(default_factory=dict)
+    insured: list[ModelDemand] = field(default_factory=list)
+    early: list[tuple[int, int, int]] = field(default_factory=list)  # (tier, shape, slots) reserved early
+
+    def reserve(self, fill: "_Fill", models: list[ModelDemand], need: dict[int, int]) -> dict[int, int]:
+        """Up to `need` per shape in all (what is already reserved counts), within what the budget leaves,
+        smallest shape first; the new slots are apportioned to `models`. Returns the new slots per shape."""
+        added = {}
+        for g in sorted(need):
+            want = max(0, need[g] - self.reserved.get(g, 0))
+            n = want if fill.free_gpus == math.inf else min(want, int(fill.free_gpus // g))
+            fill.free_gpus -= n * g
+            self.reserved[g] = self.reserved.get(g, 0) + n
+            added[g] = n
+            left = {m.name: m.warm_slots - self.shares.get(m.name, 0) for m in models if m.gpus_per_replica == g}
+            for name, k in _apportion(n, left).items():
+                self.shares[name] = self.shares.get(name, 0) + k
+        return added
+
+    def tiers(self, fill: "_Fill", models: list[ModelDemand], tiers: list[int]) -> None:
+        """The pooled early need (`early_warm_slots`) of every tier insured so far plus `tiers`, reserved for
+        `tiers`' models."""
+        new = [replace(m, warm_slots=early_warm_slots(m, models)) for m in models if m.tier in tiers]
+        self.insured += new
+        for g, n in self.reserve(fill, new, _pool_need(self.insured, self.correlation)).items():
+            if n:
+                self.early.extend((t, g, n) for t in tiers)
+
+
 def _serve_levels(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
-                  previous: Mapping[str, int]) -> dict[str, list[str]]:
-    """Every level in order; per model, the levels it was not fully served at."""
+                  previous: Mapping[str, int], warm: _Warm) -> dict[str, list[str]]:
+    """Every level in order, each tier's warm slots after its point (`warm_points`); per model, the levels it
+    was not fully served at."""
     unmet: dict[str, list[str]] = {m.name: [] for m in models}
+    points = warm_points(spec, models)
     for tier, cls in level_order(spec, models):
         claims = [(m, remaining[m.name].get(cls, 0), cls) for m in models if m.tier == tier]
         before = {m.name: fill.replicas[m.name] for m, _, _ in claims}
@@ -392,6 +488,8 @@ def _serve_levels(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remai
         for m, n, _ in claims:
             if fill.replicas[m.name] - before[m.name] < n:
                 unmet[m.name].append(_level_name(tier, cls))
+        if (tier, cls) in points:
+            warm.tiers(fill, models, points[(tier, cls)])
     return unmet
 
 
@@ -403,17 +501,14 @@ class _Pool:
     shares: dict[str, int]  # per model, its part of its shape's pool
 
 
-def _pool(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, state: FleetState, now: float) -> _Pool:
-    """Pooled warm capacity within what the budget leaves after the replicas, smallest shape first."""
+def _pool(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, state: FleetState, now: float,
+          warm: _Warm) -> _Pool:
+    """The rest of the pooled warm capacity, after every level: the fleet's whole pooled need (held for the
+    stabilization window) beyond what the tiers reserved at their points, within what the budget leaves."""
     held, recent = _stabilize_warm(spec, state, _pool_need(models, spec.warm_correlation_ratio), now)
-    slots = {}
-    for g in sorted(held):
-        slots[g] = held[g] if fill.free_gpus == math.inf else min(held[g], int(fill.free_gpus // g))
-        fill.free_gpus -= slots[g] * g
-    shares: dict[str, int] = {}
-    for g, n in slots.items():
-        shares.update(_apportion(n, {m.name: m.warm_slots for m in models if m.gpus_per_replica == g}))
-    return _Pool(slots, held, recent, shares)
+    warm.reserve(fill, models, held)
+    slots = {g: warm.reserved.get(g, 0) for g in held}
+    return _Pool(slots, held, recent, {m.name: warm.shares.get(m.name, 0) for m in models})
 
 
 def _shed(m: ModelDemand, by_class: Mapping[str, int]) -> dict[str, float]:
@@ -448,6 +543,25 @@ def _pool_reasons(spec: FleetSpec, models: list[ModelDemand], pool: _Pool) -> li
     return reasons
 
 
+def _short_of_fleet(m: ModelDemand, fill: _Fill) -> bool:
+    """`m` got fewer replicas than it wanted because of the fleet budget (not its namespace or borrowing)."""
+    return fill.replicas[m.name] < m.replicas_wanted and fill.held_by.get(m.name, "fleet") == "fleet"
+
+
+def _warm_ahead(models: list[ModelDemand], fill: _Fill, warm: _Warm) -> list[tuple[int, str]]:
+    """Per tier whose warm slots were reserved before a lower tier left short: (tier, "1 warm slot for tier 0
+    before tier 2's replicas")."""
+    out = []
+    for tier, g, n in warm.early:
+        short = sorted({m.tier for m in models if m.tier > tier and _short_of_fleet(m, fill)})
+        if short:
+            lower = " and ".join(f"tier {t}" for t in short)
+            out.append((tier, f"{n} warm slot{'s' if n != 1 else ''} for tier {tier} before {lower}'s replicas "
+                              f"({g} GPU each: tier {tier}'s growth risk, served from a slot without a lower "
+                              f"tier's drain)"))
+    return out
+
+
 def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float
              ) -> tuple[FleetDecision, FleetState]:
     """One tick of the fleet decision (module docstring). `now`: the tick's time, for the warm pool's
@@ -464,9 +578,11 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
     remaining = {m.name: dict(m.demand_replicas) for m in models}
     reclaim = _reclaim(models, budgets, state, now)
     _serve_nominal(spec, models, fill, remaining, reclaim, state.replicas)
-    unmet = _serve_levels(spec, models, fill, remaining, state.replicas)
+    warm = _Warm(spec.warm_correlation_ratio)
+    unmet = _serve_levels(spec, models, fill, remaining, state.replicas, warm)
     replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
-    pool = _pool(spec, models, fill, state, now)
+    pool = _pool(spec, models, fill, state, now, warm)
+    ahead = _warm_ahead(models, fill, warm)
     borrowed, lent = _lending(models, fill)
     unserved = _claims_unserved(models, fill, state, now)
     out = {}
@@ -477,13 +593,15 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         if m.name in unserved and m.name in reclaim.wait_s:
             reasons.append(f"nominal claim waits {reclaim.wait_s[m.name]:.0f} s more before reclaiming GPUs others "
                            f"hold (a reclaim costs {horizon_s(m, models):.0f} s: its start-up and their drain)")
-        warm = pool.shares.get(m.name, 0)
-        if warm:
-            reasons.append(f"warm pool: {warm} of the {pool.slots[m.gpus_per_replica]} pooled "
+        share = pool.shares.get(m.name, 0)
+        if share:
+            reasons.append(f"warm pool: {share} of the {pool.slots[m.gpus_per_replica]} pooled "
                            f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
-        out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=warm, shed=shed,
+        if _short_of_fleet(m, fill):
+            reasons.extend(r for t, r in ahead if t < m.tier)
+        out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=share, shed=shed,
                                  replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
     used = replica_gpus + sum(g * n for g, n in pool.slots.items())
     decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
-                             reasons=tuple(_pool_reasons(spec, models, pool)))
+                             reasons=tuple(_pool_reasons(spec, models, pool) + [r for _, r in ahead]))
     return decision, FleetState(replicas=dict(fill.replicas), warm_recent=pool.recent, claim_since=unserved)

@@ -63,21 +63,27 @@ class RateHub(Hub):
         return Source()
 
 
+def two_pooling_models(cluster, ns):
+    """Models "a" and "b", each needing 2 warm slots alone at 5 replicas (+50 % growth), the placeholders'
+    PriorityClass, and the fleet's settings: 13 GPUs, the warm pool pooled in `ns`."""
+    create(cluster, ns, ["a", "b"], warm_growth_min_ratio=0.5)
+    base = fleet_settings(ns)
+    status, body = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+                                   {"metadata": {"name": base.warm_pool.priority_class}, "value": -5})
+    assert status in (201, 409), body
+    return base.model_copy(update={
+        "capacity": base.capacity.model_copy(update={"max_gpus": 13}),
+        "warm_pool": base.warm_pool.model_copy(update={"enabled": True}),
+        "fleet": base.fleet.model_copy(update={"lease_namespace": ns})})
+
+
 def test_warm_slots_are_pooled_for_the_fleet_in_one_placeholder_set_per_shape(cluster, crd, namespace):  # noqa: F811
     """Two models each needing 2 warm slots alone (+50 % growth of 5 replicas), one fleet of 13 GPUs: the
     pooled 1-GPU placeholders are ceil(sqrt(2^2 + 2^2)) = 3, not 4, in the controller's namespace, and the
     models keep none of their own. Once the placeholders are Ready, the models' readers count them: their
     lead time drops the node provisioning."""
     ns = namespace
-    create(cluster, ns, ["a", "b"], warm_growth_min_ratio=0.5)
-    base = fleet_settings(ns)
-    status, body = cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
-                                   {"metadata": {"name": base.warm_pool.priority_class}, "value": -5})
-    assert status in (201, 409), body
-    settings = base.model_copy(update={
-        "capacity": base.capacity.model_copy(update={"max_gpus": 13}),
-        "warm_pool": base.warm_pool.model_copy(update={"enabled": True}),
-        "fleet": base.fleet.model_copy(update={"lease_namespace": ns})})
+    settings = two_pooling_models(cluster, ns)
 
     async def go():
         async with Running(cluster, settings, RateHub({(ns, "a"): 64, (ns, "b"): 64})) as run:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from policies import Decision
 from policies.fleet import (
-    Budgets, FleetSpec, FleetState, ModelDemand, allocate, class_demand, level_order,
+    Budgets, FleetSpec, FleetState, ModelDemand, allocate, class_demand, early_warm_slots, level_order,
 )
 
 SPEC = FleetSpec()
@@ -37,6 +37,9 @@ def fleets(draw, *, shapes=(1, 2, 4, 8), max_models=5):
             warm_slots=draw(st.integers(0, 6)),
             nominal_gpus=draw(st.sampled_from([0, 0, 4, 16])),
             borrowing_limit_gpus=draw(st.sampled_from([None, None, 0, 8])),
+            # a drain ranks a higher tier's early warm slots before this model's replicas (early_warm_slots)
+            lead_time_s=draw(st.sampled_from([None, 60.0, 300.0])),
+            drain_s=draw(st.sampled_from([0.0, 0.0, 30.0])),
         ))
     return models
 
@@ -119,11 +122,10 @@ def test_more_gpus_never_lower_anyones_allocation(models, cap, more, ns_caps):
 @settings(max_examples=300, deadline=None)
 @given(fleets(), budgets())
 def test_work_conserving(models, caps):
-    """No model with unmet demand has a replica that fits what the fleet, its namespace and its borrowing
-    limit leave."""
+    """No model with unmet demand has a replica that fits what the fleet (after replicas and the warm slots
+    ranked before them), its namespace and its borrowing limit leave."""
     decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
-    replicas_gpus = gpus(models, decision)
-    fleet_left = math.inf if caps.fleet_gpus is None else caps.fleet_gpus - replicas_gpus
+    fleet_left = math.inf if caps.fleet_gpus is None else caps.fleet_gpus - decision.gpus_used
     for m in models:
         if decision.models[m.name].replicas < m.replicas_wanted:
             ns_left = caps.namespace_gpus.get(m.namespace, math.inf) - gpus(models, decision, namespace=m.namespace)
@@ -266,6 +268,7 @@ def test_class_demand_ignores_broken_rates():
     ({"borrowing_limit_gpus": -1}, "must be >= 0"),
     ({"drain_s": -1.0}, "drain_s = -1.0"),
     ({"lead_time_s": math.inf}, "lead_time_s = inf"),
+    ({"warm_window_s": -5.0}, "warm_window_s = -5.0"),
 ])
 def test_bad_model_input_is_a_clear_error(fields, words):
     with pytest.raises(ValueError, match=words):
@@ -349,7 +352,8 @@ def test_a_reclaim_is_only_postponed_and_never_above_a_budget(case):
     models, caps, previous, past = case
     now = 1000.0
     since = {m.name: now - horizon_s(m, models) - past[m.name] for m in models}
-    waited, _ = allocate(SPEC, models, caps, FleetState(replicas=previous, claim_since=since), now)
+    last = FleetSpec(warm_after="last")  # the drains also rank warm slots (tested apart): not here
+    waited, _ = allocate(last, models, caps, FleetState(replicas=previous, claim_since=since), now)
     for m in models:
         assert waited.models[m.name].replicas * m.gpus_per_replica <= m.max_gpus
     assert caps.fleet_gpus is None or waited.gpus_used <= caps.fleet_gpus
@@ -357,6 +361,65 @@ def test_a_reclaim_is_only_postponed_and_never_above_a_budget(case):
         assert gpus(models, waited, namespace=ns) <= cap
     if all(p >= 0 for p in past.values()):
         free = [replace(m, lead_time_s=None, drain_s=0.0) for m in models]
-        at_once, _ = allocate(SPEC, free, caps, FleetState(replicas=previous), now)
+        at_once, _ = allocate(last, free, caps, FleetState(replicas=previous), now)
         assert {n: a.replicas for n, a in waited.models.items()} == {n: a.replicas for n, a in at_once.models.items()}
         assert waited.warm_by_shape == at_once.warm_by_shape
+
+
+def tier_gets(models, decision, tier):
+    return {m.name: decision.models[m.name].replicas for m in models if m.tier <= tier}
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), budgets(), st.integers(0, 2))
+def test_a_tiers_early_warm_slots_come_after_its_replicas_and_before_lower_tiers(models, caps, tier):
+    """The early warm slots do not make a level take GPUs a higher level needs: removing every lower tier's
+    demand changes no replicas of the tiers up to `tier`. With one replica shape, a lower tier holds a
+    replica only once the pooled early warm need of the tiers up to `tier` is reserved in full. (Nominal
+    quotas, a level of their own before every tier, left out.)"""
+    models = [replace(m, nominal_gpus=0) for m in models]
+    trimmed = [m if m.tier <= tier else replace(m, demand_replicas=demand()) for m in models]
+    full, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    alone, _ = allocate(SPEC, trimmed, caps, FleetState(), 0.0)
+    assert tier_gets(models, full, tier) == tier_gets(trimmed, alone, tier)
+    one = [replace(m, gpus_per_replica=2) for m in models]
+    decision, _ = allocate(SPEC, one, caps, FleetState(), 0.0)
+    upper = [m for m in one if m.tier <= tier]
+    need = math.ceil(round(math.sqrt(sum(early_warm_slots(m, one) ** 2 for m in upper)), 9))
+    if any(decision.models[m.name].replicas for m in one if m.tier > tier):
+        assert sum(decision.models[m.name].warm_slots for m in upper) >= need
+
+
+def test_the_top_tiers_warm_slot_comes_before_the_lowest_tiers_replicas_by_the_drain_it_saves():
+    """The live fleet's shape: 14 GPUs, chat (tier 0) holds 8 and its growth risk over its 120-s lead time is
+    4 replicas; batch (tier 2) wants 7 and drains in 30 s. A reclaim of batch would add 30 s to chat's
+    start-up, so chat's risk over 30 s, ceil(4 x 30 / 120) = 1 slot, comes before batch's replicas: batch
+    gets 3. Without a drain (or with the warm slots ranked last, the previous rule) batch takes every GPU and
+    chat has no warm slot. "critical": chat's slot right after its critical class, before its standard."""
+    chat = ModelDemand("chat", demand(critical=2, standard=4, sheddable=2), tier=0, warm_slots=4, lead_time_s=120.0)
+    code = ModelDemand("code", demand(critical=1, standard=1), tier=1)
+    batch = ModelDemand("batch", demand(critical=2, standard=3, sheddable=2), tier=2, warm_slots=2, drain_s=30.0)
+    fleet = [chat, code, batch]
+    assert [early_warm_slots(m, fleet) for m in fleet] == [1, 0, 0]
+    # its warm need covers growth over its node provisioning (120 s), whatever its lead time: a free pooled
+    # slot drops the lead time to a 20-s start-up, not the early part to the whole need
+    assert early_warm_slots(replace(chat, lead_time_s=20.0, warm_window_s=120.0), fleet) == 1
+    assert early_warm_slots(replace(chat, lead_time_s=20.0), fleet) == 4
+    decision, _ = allocate(SPEC, fleet, Budgets(fleet_gpus=14), FleetState(), 0.0)
+    assert [(decision.models[n].replicas, decision.models[n].warm_slots) for n in ("chat", "code", "batch")] == [
+        (8, 1), (2, 0), (3, 0)]
+    assert decision.warm_by_shape == {1: 1} and decision.gpus_used == 14
+    said = "1 warm slot for tier 0 before tier 2's replicas"
+    assert any(r.startswith(said) for r in decision.models["batch"].reasons)
+    assert any(r.startswith(said) for r in decision.reasons)
+    assert not any("warm slot for tier" in r for r in decision.models["chat"].reasons)
+    for spec, models in ((FleetSpec(warm_after="last"), fleet), (SPEC, [chat, code, replace(batch, drain_s=0.0)])):
+        last, _ = allocate(spec, models, Budgets(fleet_gpus=14), FleetState(), 0.0)
+        assert [last.models[n].replicas for n in ("chat", "code", "batch")] == [8, 2, 4]
+        assert last.warm_by_shape == {1: 0}
+    early, _ = allocate(FleetSpec(warm_after="critical"), [replace(chat, warm_slots=8), batch],
+                        Budgets(fleet_gpus=7), FleetState(), 0.0)
+    assert (early.models["chat"].replicas_by_class, early.models["chat"].warm_slots) == (
+        {"critical": 2, "standard": 3}, 2)
+    with pytest.raises(ValueError, match="warm_after = 'never'"):
+        FleetSpec(warm_after="never")

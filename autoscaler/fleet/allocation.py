@@ -19,6 +19,12 @@ cluster reader counts the ready pooled slots of its shape (its lead time is the 
 free), and it writes no placeholder of its own (its decision's `warm_slots` is 0; a reason names its share
 of the pool). The pool is written only where `write_pool` holds (actuate mode, and the process's leader).
 
+Drains. Each model's `drain_s` is its pods' termination grace period (30 s, Kubernetes' default, when
+unset): the longest a reclaim of its GPUs waits for one of its replicas to drain. It ranks a higher tier's
+warm slots before this model's replicas when the budget binds (the higher tier's growth risk over that
+drain, over its node provisioning time, the window its warm need covers), and it is part of a nominal
+claim's reclaim horizon (policies/fleet.py).
+
 Floors. A model's `min_replicas` (0 when it may scale to zero) is the floor its scale actuator keeps
 whatever it is told, so the fleet guarantees it as the model's nominal quota (served before every tier;
 what the model does not use of it is lent). Floors that sum above the cap are still raised by the actuators:
@@ -48,6 +54,7 @@ from policies.fleet import Budgets, FleetDecision, FleetSpec, FleetState, ModelD
 log = structlog.get_logger("autoscaler")
 
 Key = tuple[str, str]
+DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec leaves it out
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,10 @@ def _name(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
 
 
+def _finite(seconds: float | None) -> float | None:
+    return seconds if seconds is not None and math.isfinite(seconds) else None
+
+
 def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
     """What the fleet decision reads of one model; a held model asks for what it has. ValueError on bad input."""
     decision, cluster = member.decided.decision, member.decided.signals.cluster
@@ -74,12 +85,20 @@ def demand_of(member: Member, spec: FleetSpec) -> ModelDemand:
     if gpus <= 0 or gpus != int(gpus):
         raise ValueError(f"its replica requests {gpus} GPUs; the fleet budget counts whole GPUs (>= 1)")
     asked = decision if decision.valid else Decision(replicas=cluster.spec_replicas if cluster else 0)
-    lead = decision.lead_time_s if decision.lead_time_s is not None and math.isfinite(decision.lead_time_s) else None
+    lead = _finite(decision.lead_time_s)
     return ModelDemand(
         name=_name(member.key), namespace=member.key[0], tier=member.tier, weight=member.weight,
         demand_replicas=class_demand(asked, member.decided.signals.arrival_rate_by_priority, spec.classes),
         gpus_per_replica=int(gpus), warm_slots=decision.warm_slots if decision.valid else 0, lead_time_s=lead,
-        drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus))
+        drain_s=member.drain_s, shed=dict(asked.shed), nominal_gpus=member.min_replicas * int(gpus),
+        warm_window_s=_finite(decision.node_provisioning_s))
+
+
+def drain_s(template: Any) -> float:
+    """The longest one of the model's replicas may take to drain: its pods' termination grace period
+    (Kubernetes' default 30 s when unset). A reclaim of its GPUs waits for it (policies/fleet.py)."""
+    grace = getattr(getattr(template, "spec", None), "termination_grace_period_seconds", None)
+    return float(grace) if isinstance(grace, (int, float)) and grace >= 0 else DEFAULT_GRACE_S
 
 
 def with_allocation(decision: Decision, allocation, *, pooled: bool) -> Decision:
@@ -108,6 +127,7 @@ class FleetStep:
         self.namespace_gpus_each = namespace_gpus_each
         self.state = FleetState()
         self.last: FleetDecision | None = None
+        self.last_names: dict[Key, str] = {}
 
     def decide(self, members: list[Member]) -> dict[Key, Decided]:
         """Every member's tick with the fleet's allocation (pure but for the state it keeps)."""
@@ -128,12 +148,21 @@ class FleetStep:
             each = {m.key[0]: self.namespace_gpus_each for m in included}
             budgets = replace(budgets, namespace_gpus={**each, **budgets.namespace_gpus})
         fleet, self.state = allocate(self.spec, demands, budgets, self.state, now)
-        self.last = fleet
+        self.last, self.last_names = fleet, {m.key: _name(m.key) for m in included}
         for member in included:
             allocation = fleet.models[_name(member.key)]
             decision = with_allocation(member.decided.decision, allocation, pooled=self.pooled is not None)
             out[member.key] = replace(member.decided, decision=decision)
         return out
+
+    def pooled_share(self, key: Key) -> int | None:
+        """The model's part of the pooled warm slots of the last tick (0 if it was left out); None without a
+        pooled pool. Its decision's own `warm_slots` is 0 then (it writes no placeholder of its own), so this
+        is what its `autoscaler_warm_slots` gauge shows."""
+        if self.pooled is None:
+            return None
+        name = self.last_names.get(key)
+        return self.last.models[name].warm_slots if self.last is not None and name is not None else 0
 
     async def run(self, decided: Mapping[Key, Decided], *, controllers: Mapping[Key, Any],
                   objects: Mapping[Key, Any], write_pool: bool) -> dict[Key, Decided]:
@@ -149,7 +178,7 @@ class FleetStep:
             policy = controllers[key].settings.policy
             floor = 0 if policy.idle_after_s is not None else policy.min_replicas  # as the scale actuator's
             members.append(Member(key, d, template, tier=getattr(obj, "tier", 1), weight=getattr(obj, "weight", 1.0),
-                                  min_replicas=floor))
+                                  min_replicas=floor, drain_s=drain_s(template)))
         out.update(self.decide(members))
         if self.pooled is not None and write_pool and self.last is not None:
             try:

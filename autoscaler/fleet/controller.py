@@ -155,6 +155,9 @@ class FleetController:
         async def finish(model: ModelControl) -> None:
             model.decision = await model.controller.finish(final[model.key], started_s=started)
             model.decided_s = model.controller.last_tick_s
+            share = self.step.pooled_share(model.key) if self.step is not None else None
+            if share is not None:  # pooled: its decision's warm_slots is 0, its share is in the fleet's pool
+                model.metrics.warm.set(share)
 
         await asyncio.gather(*(self._bounded(m, finish(m), deadline_at - clock.now()) for m in models
                                if m.key in final))

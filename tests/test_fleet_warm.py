@@ -1,0 +1,79 @@
+"""Warm slots in the fleet controller. The per-model `autoscaler_warm_slots` gauge with pooled warm capacity:
+each model's share of the pooled slots (its decision's own `warm_slots` is 0, since it writes no placeholder
+of its own), on a real kube-apiserver with the fleet controller's test scaffolding (tests/test_fleet.py). And
+the drain the fleet step reads from each model's pod template, which ranks a higher tier's warm slots before
+a lower tier's replicas when the budget binds (policies/fleet.py)."""
+
+import asyncio
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autoscaler.fleet.allocation import FleetStep
+from autoscaler.loop import Decided
+from policies import ClusterState, Decision, Signals
+from policies.fleet import Budgets
+
+from test_fleet import Running, crd  # noqa: F401 - crd: the fixture
+from test_fleet_allocation import RateHub, template, two_pooling_models
+
+
+def scraped_warm_slots(registry) -> dict[str, float]:
+    """`autoscaler_warm_slots` per model, as Prometheus scrapes the fleet's /metrics."""
+    text = generate_latest(registry).decode()
+    return {s.labels["model_autoscaler"]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "autoscaler_warm_slots"}
+
+
+def test_each_models_warm_slots_gauge_is_its_share_of_the_pooled_slots(cluster, crd, namespace):  # noqa: F811
+    """Two models each needing 2 warm slots alone pool 3 (ceil(sqrt(8))): the gauges read 2 and 1, their
+    shares of the pool, not 0."""
+    ns = namespace
+    settings = two_pooling_models(cluster, ns)
+
+    async def go():
+        async with Running(cluster, settings, RateHub({(ns, "a"): 64, (ns, "b"): 64})) as run:
+            await run.fleet.tick()
+            shares = {k[1]: run.fleet.step.last.models[f"{k[0]}/{k[1]}"].warm_slots for k in run.fleet.models}
+            return shares, {k[1]: m.decision.warm_slots for k, m in run.fleet.models.items()}, \
+                scraped_warm_slots(run.fleet.metrics.registry)
+
+    shares, own, scraped = asyncio.run(go())
+    assert sorted(shares.values()) == [1, 2] and own == {"a": 0, "b": 0}
+    assert scraped == {name: float(n) for name, n in shares.items()}
+
+
+def model_at(replicas: int, *, warm: int, grace_s: int | None):
+    """A model's controller as the fleet step reads it (its pod template, its policy) and its decision."""
+    pod = template("1")
+    pod.spec.termination_grace_period_seconds = grace_s
+
+    async def pod_template():
+        return pod
+
+    controller = SimpleNamespace(cluster=SimpleNamespace(pod_template=pod_template),
+                                 settings=SimpleNamespace(policy=SimpleNamespace(idle_after_s=None, min_replicas=0)))
+    cluster = ClusterState(spec_replicas=replicas, ready_replicas=replicas, starting_replicas=0, at_s=0.0)
+    # a pooled slot free: the lead time is the 20-s start-up; the warm need covers 120 s of node provisioning
+    decision = Decision(replicas=replicas, warm_slots=warm, lead_time_s=20.0, node_provisioning_s=120.0)
+    return controller, Decided(0.0, Signals(cluster=cluster), decision)
+
+
+def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_replicas():
+    """10 GPUs; "top" (tier 0) wants 6 and its growth risk over its 120-s node provisioning is 4 slots; "low"
+    (tier 2) wants 6. A reclaim of low's GPUs waits for its pods' 30-s grace period, so ceil(4 x 30 / 120) = 1
+    slot is top's before low's replicas: low gets 3. With a grace period of 0, low gets all 4 GPUs left."""
+    def run(grace_s):
+        models = {("ns", "top"): model_at(6, warm=4, grace_s=None), ("ns", "low"): model_at(6, warm=0, grace_s=grace_s)}
+        objects = {("ns", name): SimpleNamespace(tier=tier, weight=1.0) for name, tier in (("top", 0), ("low", 2))}
+        step = FleetStep(budgets=Budgets(fleet_gpus=10))
+        out = asyncio.run(step.run({k: d for k, (_, d) in models.items()}, controllers={k: c for k, (c, _) in
+                                   models.items()}, objects=objects, write_pool=False))
+        return out[("ns", "low")].decision, step.last
+
+    low, fleet = run(30)
+    assert low.replicas == 3 and fleet.warm_by_shape == {1: 1}
+    assert any(r.startswith("fleet: 1 warm slot for tier 0 before tier 2's replicas") for r in low.reasons)
+    low, fleet = run(0)
+    assert low.replicas == 4 and fleet.warm_by_shape == {1: 0}
