@@ -13,7 +13,7 @@ from policies.fleet import (
     Budgets, FleetSpec, FleetState, ModelDemand, allocate, class_demand, early_warm_slots, level_order,
 )
 
-SPEC = FleetSpec()
+SPEC = FleetSpec(warm_after="tier")  # the early-warm-slot rule on, so every property covers it
 CLASSES = SPEC.classes
 
 

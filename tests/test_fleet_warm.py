@@ -13,10 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from autoscaler.fleet.allocation import FleetStep
 from autoscaler.loop import Decided
 from policies import ClusterState, Decision, Signals
-from policies.fleet import Budgets
+from policies.fleet import Budgets, FleetSpec
 
 from test_fleet import Running, crd  # noqa: F401 - crd: the fixture
 from test_fleet_allocation import RateHub, template, two_pooling_models
+
+TIER = FleetSpec(warm_after="tier")  # the early-warm-slot rule, asked for
 
 
 def scraped_warm_slots(registry) -> dict[str, float]:
@@ -63,11 +65,12 @@ def model_at(replicas: int, *, warm: int, grace_s: int | None):
 def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_replicas():
     """10 GPUs; "top" (tier 0) wants 6 and its growth risk over its 120-s node provisioning is 4 slots; "low"
     (tier 2) wants 6. A reclaim of low's GPUs waits for its pods' 30-s grace period, so ceil(4 x 30 / 120) = 1
-    slot is top's before low's replicas: low gets 3. With a grace period of 0, low gets all 4 GPUs left."""
-    def run(grace_s):
+    slot is top's before low's replicas: low gets 3. With a grace period of 0, low gets all 4 GPUs left. The
+    rule is asked for (`warm_after="tier"`); by default warm slots rank after every replica: low gets 4."""
+    def run(grace_s, spec=TIER):
         models = {("ns", "top"): model_at(6, warm=4, grace_s=None), ("ns", "low"): model_at(6, warm=0, grace_s=grace_s)}
         objects = {("ns", name): SimpleNamespace(tier=tier, weight=1.0) for name, tier in (("top", 0), ("low", 2))}
-        step = FleetStep(budgets=Budgets(fleet_gpus=10))
+        step = FleetStep(budgets=Budgets(fleet_gpus=10), spec=spec)
         out = asyncio.run(step.run({k: d for k, (_, d) in models.items()}, controllers={k: c for k, (c, _) in
                                    models.items()}, objects=objects, write_pool=False))
         return out[("ns", "low")].decision, step.last
@@ -76,4 +79,6 @@ def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_rep
     assert low.replicas == 3 and fleet.warm_by_shape == {1: 1}
     assert any(r.startswith("fleet: 1 warm slot for tier 0 before tier 2's replicas") for r in low.reasons)
     low, fleet = run(0)
+    assert low.replicas == 4 and fleet.warm_by_shape == {1: 0}
+    low, fleet = run(30, spec=None)
     assert low.replicas == 4 and fleet.warm_by_shape == {1: 0}
