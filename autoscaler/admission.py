@@ -124,14 +124,18 @@ class Admission:
             self.on_unknown()
         return cls
 
+    def _admitted_since(self, reading: QueueReading) -> int:
+        """This endpoint's admissions since `reading` was taken (older ones are in the reading already)."""
+        while self._admitted_at and self._admitted_at[0] < reading.at:
+            self._admitted_at.popleft()
+        return len(self._admitted_at)
+
     def queue(self, decision: Decision) -> float | None:
         """The queue now: the latest reading carried forward with this endpoint's own admissions."""
         reading = self.live_queue()
         if not isinstance(reading, QueueReading):
             return reading  # a tick's value (or nothing): no carrying forward
-        while self._admitted_at and self._admitted_at[0] < reading.at:
-            self._admitted_at.popleft()  # in the reading already
-        return carried_queue(queue=reading.queue, in_flight=reading.in_flight, admitted=len(self._admitted_at),
+        return carried_queue(queue=reading.queue, in_flight=reading.in_flight, admitted=self._admitted_since(reading),
                              slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
                              elapsed_s=self.clock.now() - reading.at)
 
@@ -206,10 +210,9 @@ class Admission:
         own = self._ledger.now(now, drain)
         reading = self.live_queue()
         if isinstance(reading, QueueReading) and reading.in_flight is not None:
-            while self._admitted_at and self._admitted_at[0] < reading.at:
-                self._admitted_at.popleft()  # in the reading already
             return max(own, occupied(queue=reading.queue, in_flight=reading.in_flight,
-                                     admitted=len(self._admitted_at), drain_per_s=drain, elapsed_s=now - reading.at))
+                                     admitted=self._admitted_since(reading), drain_per_s=drain,
+                                     elapsed_s=now - reading.at))
         return own
 
     def room(self, latest: Published) -> float | None:
