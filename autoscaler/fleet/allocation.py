@@ -127,7 +127,6 @@ class FleetStep:
         self.namespace_gpus_each = namespace_gpus_each
         self.state = FleetState()
         self.last: FleetDecision | None = None
-        self.last_names: dict[Key, str] = {}
 
     def decide(self, members: list[Member]) -> dict[Key, Decided]:
         """Every member's tick with the fleet's allocation (pure but for the state it keeps)."""
@@ -148,7 +147,7 @@ class FleetStep:
             each = {m.key[0]: self.namespace_gpus_each for m in included}
             budgets = replace(budgets, namespace_gpus={**each, **budgets.namespace_gpus})
         fleet, self.state = allocate(self.spec, demands, budgets, self.state, now)
-        self.last, self.last_names = fleet, {m.key: _name(m.key) for m in included}
+        self.last = fleet
         for member in included:
             allocation = fleet.models[_name(member.key)]
             decision = with_allocation(member.decided.decision, allocation, pooled=self.pooled is not None)
@@ -161,8 +160,8 @@ class FleetStep:
         is what its `autoscaler_warm_slots` gauge shows."""
         if self.pooled is None:
             return None
-        name = self.last_names.get(key)
-        return self.last.models[name].warm_slots if self.last is not None and name is not None else 0
+        allocation = self.last.models.get(_name(key)) if self.last is not None else None
+        return allocation.warm_slots if allocation is not None else 0
 
     async def run(self, decided: Mapping[Key, Decided], *, controllers: Mapping[Key, Any],
                   objects: Mapping[Key, Any], write_pool: bool) -> dict[Key, Decided]:

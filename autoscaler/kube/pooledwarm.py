@@ -102,8 +102,8 @@ def ready_by_shape(deployments) -> dict[int, int]:
         shape = (deployment.metadata.labels or {}).get(SHAPE_LABEL)
         if shape is None:
             continue
-        ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
-        out[int(shape or 0)] = out.get(int(shape or 0), 0) + ready
+        gpus = int(shape or 0)
+        out[gpus] = out.get(gpus, 0) + ((deployment.status.ready_replicas or 0) if deployment.status else 0)
     return out
 
 
