@@ -11,18 +11,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.kube.cluster import provisioner_cannot
-from autoscaler.sim.run import PolicyRun, initial_replicas, needed_replicas, run
+from autoscaler.sim.run import initial_replicas, needed_replicas
 from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.e2e import checks
 from loadtest.e2e.checks import CheckContext
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.fleetrun import run_fleet_scenario
-from loadtest.e2e.figures import (annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings,
-                                  simulated_figures, wake)
+from loadtest.e2e.figures import annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings, wake
 from loadtest.e2e.stack import Stack, stack
+from loadtest.e2e.twin import simulate, twin
 from loadtest.loadgen import Request, write_requests
-from policies import decide, initial_state
 
 SAMPLE_EVERY_S = 0.5  # wall clock
 
@@ -57,16 +56,6 @@ def _act(st: Stack, action: str, state: dict) -> str:
     raise ValueError(f"unknown action {action!r}")
 
 
-def _simulate(config: E2EConfig, workload, initial: int, sim_config, *, node_learned_s: float | None = None):
-    """The predictive policy in the simulator; `node_learned_s`: the node provisioning the live controller
-    learns (the policy's `node_provisioning_s` in the twin, which sees no node waits of its own)."""
-    spec = config.spec()
-    if node_learned_s is not None:
-        spec = spec.model_copy(update={"node_provisioning_s": node_learned_s})
-    return run(PolicyRun("predictive", spec, decide, initial_state()), workload, sim_config,
-               initial_replicas=initial, keep_timeline=True)
-
-
 def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     scenario = scenarios.SCENARIOS[name]
     if scenario.models:  # a fleet of models under one fleet controller
@@ -81,7 +70,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     gpu_limits: tuple[tuple[float, int], ...] = ()
     if scenario.limit_steady_at_min is not None:
         config = replace(config, gpu_limit=initial + 1)
-        steady = _simulate(config, workload, initial, config.sim_config())
+        steady = simulate(config, workload, initial, config.sim_config())
         at = scenario.limit_steady_at_min * 60.0
         lowered = int(next(r["replicas"] for r in steady.timeline if r["t_s"] >= at)) + 1
         state["limits"] = {"lower-gpu-limit": lowered, "raise-gpu-limit": 4 * config.gpu_limit}
@@ -130,11 +119,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                        and provisioner_cannot(e.get("reason"), (e.get("source") or {}).get("component")
                                               or e.get("reportingComponent") or ""))
     timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
-    twin = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
-    sim = _simulate(twin, workload, initial,
-                    twin.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0),
-                    node_learned_s=timing["provisioning_p90_s"])
-    simulated = {**simulated_figures(sim), "node_timings": timing}
+    sim, simulated = twin(config, workload, initial, timing, gpu_limits=gpu_limits)
     doc = {
         "scenario": name, "factor": factor, "initial_replicas": initial, "requests": live["requests"],
         "slo_attainment": live["slo_attainment"], "p99_latency_s": live["p99_latency_s"],

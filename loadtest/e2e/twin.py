@@ -1,0 +1,97 @@
+"""The simulated twin of a single-model closed-loop scenario, and its re-run on a finished run's folder.
+
+The twin is the predictive policy in the request-level simulator on the scenario's own requests, policy and
+cluster, on the node timings the live cluster showed (`figures.node_timings`, kept in result.json as
+`simulated.node_timings`): so a finished run's twin can be recomputed from its folder alone, e.g. after a
+change to the simulator, without running the scenario again:
+
+    python -m loadtest.e2e.twin DIR [DIR ...]
+
+prints, per folder, the live figures and the recorded twin's against the recomputed twin's (critical
+attainment and GPU-hours); `--json` prints them as one document. The folder is only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from autoscaler.sim.run import PolicyRun, RunResult, initial_replicas, needed_replicas, run
+from loadtest import scenarios
+from loadtest.e2e.config import E2EConfig
+from loadtest.e2e.figures import simulated_figures
+from policies import decide, initial_state
+
+
+def simulate(config: E2EConfig, workload, initial: int, sim_config, *,
+             node_learned_s: float | None = None) -> RunResult:
+    """The predictive policy in the simulator; `node_learned_s`: the node provisioning the live controller
+    learns (the policy's `node_provisioning_s` in the twin, which sees no node waits of its own)."""
+    spec = config.spec()
+    if node_learned_s is not None:
+        spec = spec.model_copy(update={"node_provisioning_s": node_learned_s})
+    return run(PolicyRun("predictive", spec, decide, initial_state()), workload, sim_config,
+               initial_replicas=initial, keep_timeline=True)
+
+
+def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
+         gpu_limits: tuple[tuple[float, int], ...] = ()) -> tuple[RunResult, dict]:
+    """The twin on the live node timings (`timing`: `figures.node_timings`; a None figure is the configured
+    one): the run and its figures (`simulated` in result.json)."""
+    cluster = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
+    sim = simulate(cluster, workload, initial,
+                   cluster.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0),
+                   node_learned_s=timing["provisioning_p90_s"])
+    return sim, {**simulated_figures(sim), "node_timings": timing}
+
+
+def rerun(folder: Path) -> dict:
+    """Recompute the twin of the run whose result.json is in `folder` (a single-model scenario without GPU-limit
+    actions); the live figures, the recorded twin's and the recomputed twin's."""
+    from loadtest.e2e.run import requests_of
+
+    doc = json.loads((folder / "result.json").read_text())
+    scenario = scenarios.SCENARIOS[doc["scenario"]]
+    if scenario.models or scenario.limit_steady_at_min is not None:
+        raise ValueError(f"{doc['scenario']}: only single-model scenarios without GPU-limit actions are re-run")
+    config = replace(E2EConfig(factor=doc["factor"]), **scenario.config)
+    workload, _ = requests_of(doc["scenario"], config)
+    initial = initial_replicas(needed_replicas(workload, config.sim_config()), config.sim_config())
+    if initial != doc["initial_replicas"]:
+        raise ValueError(f"{folder}: the run started from {doc['initial_replicas']} replicas, the twin from {initial}")
+    _, simulated = twin(config, workload, initial, doc["simulated"]["node_timings"])
+    return {"folder": str(folder), "scenario": doc["scenario"], "live": _pick(doc), "recorded": _pick(doc["simulated"]),
+            "recomputed": _pick(simulated), "hold": simulated.get("hold")}
+
+
+def _pick(figures: dict) -> dict:
+    return {"critical": figures["slo_attainment"].get("critical"), "gpu_hours": figures["gpu_hours"]}
+
+
+def _line(r: dict) -> str:
+    live, old, new = r["live"], r["recorded"], r["recomputed"]
+
+    def gap(twin: dict) -> str:
+        return (f"critical {twin['critical']:.4%} ({100 * (live['critical'] - twin['critical']):+.3f} points), "
+                f"{twin['gpu_hours']:.3f} GPU-h ({100 * (live['gpu_hours'] / twin['gpu_hours'] - 1):+.2f} %)")
+
+    return (f"{r['folder']} ({r['scenario']}): live critical {live['critical']:.4%}, {live['gpu_hours']:.3f} GPU-h\n"
+            f"  recorded twin:   {gap(old)}\n  recomputed twin: {gap(new)}"
+            + (f"\n  recomputed hold: {r['hold']}" if r.get("hold") else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.e2e.twin", description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="+", type=Path, help="a finished run's --out folder of one scenario")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    args = p.parse_args(argv)
+    results = [rerun(folder) for folder in args.folders]
+    print(json.dumps(results, indent=2) if args.json else "\n".join(_line(r) for r in results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
