@@ -64,7 +64,7 @@ from aiohttp import web
 
 from autoscaler.board import DecisionBoard, Published
 from autoscaler.clock import Clock, SystemClock
-from autoscaler.release import HeldQueue, Ledger, PerReplica, occupied, per_replica
+from autoscaler.release import HeldQueue, Ledger, PerReplica, occupied, per_replica, room
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
 from policies.admission import carried_queue, classify
@@ -219,9 +219,8 @@ class Admission:
         """How many more held requests the Ready replicas take now; None: no bound (release them all)."""
         if self.replica_slots is None or latest.ready_replicas is None:
             return None
-        per = self._per_replica()
-        capacity = latest.ready_replicas * (self.replica_slots + (per.allowance if per is not None else 0.0))
-        return capacity - self.occupied(latest) - self._queue.releasing
+        return room(ready=latest.ready_replicas, slots=self.replica_slots, per=self._per_replica(),
+                    occupied=self.occupied(latest), releasing=self._queue.releasing)
 
     def release(self) -> int:
         """Release held requests as far as there is room (all of them when the decision is stale or gone:

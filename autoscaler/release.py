@@ -18,40 +18,19 @@ far as the Ready replicas take them within the SLO:
 - order: the top class first, then arrival order within a class (`HeldQueue`). Requests arriving while
   others are held queue behind them, so a newcomer does not overtake the held ones.
 
-Pure apart from the waiters' events: no clock (times are passed in), no I/O.
+The room and the order are pure and shared with the simulators (`policies.release`); this module adds the
+waiters (asyncio events) and the endpoint's own admissions as a fluid queue. No clock (times are passed in),
+no I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from dataclasses import dataclass, field
 
-from policies import Decision
+from policies.release import PerReplica, ReleaseOrder, occupied, per_replica, room
 
-
-@dataclass(frozen=True)
-class PerReplica:
-    slots: int
-    allowance: float  # queued requests per Ready replica within the deepest saturation guard
-    drain_per_s: float  # requests per second one busy replica completes
-
-
-def per_replica(decision: Decision, replica_slots: int) -> PerReplica | None:
-    """What one Ready replica takes, from a decision made with Ready replicas (None: made with none)."""
-    if decision.saturation_slots <= 0 or replica_slots <= 0:
-        return None
-    ready = decision.saturation_slots / replica_slots
-    depth = max(decision.saturation_queue_depth.values(), default=0)
-    return PerReplica(replica_slots, depth / ready, decision.saturation_drain_per_s / ready)
-
-
-def occupied(*, queue: float, in_flight: float, admitted: int, drain_per_s: float, elapsed_s: float) -> float:
-    """Requests queued or running now: a reading of `queue` + `in_flight`, `admitted` since, less what the
-    Ready replicas completed in `elapsed_s` (never below zero). E.g. 3 queued, 8 running, 5 admitted since,
-    8 req/s over 0.5 s: 3 + 8 + 5 - 4 = 12."""
-    return max(0.0, queue + in_flight + admitted - drain_per_s * max(0.0, elapsed_s))
+__all__ = ["HeldQueue", "Ledger", "PerReplica", "Waiter", "occupied", "per_replica", "room"]
 
 
 @dataclass
@@ -82,22 +61,22 @@ class Waiter:
 
 
 class HeldQueue:
-    """Held requests in release order: the highest priority first, then the earliest arrival."""
+    """Held requests in release order (`policies.release.ReleaseOrder`): the highest priority first, then the
+    earliest arrival."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Waiter]] = []
-        self._seq = itertools.count()
+        self._order: ReleaseOrder[Waiter] = ReleaseOrder()
         self.waiting = 0  # held and neither released nor left
         self.releasing = 0  # released, their answer not decided yet (they take room)
 
     def push(self, priority: int) -> Waiter:
         waiter = Waiter()
-        heapq.heappush(self._heap, (-priority, next(self._seq), waiter))
+        self._order.push(priority, waiter)
         self.waiting += 1
         return waiter
 
     def leave(self, waiter: Waiter) -> None:
-        """A waiter gone without release (lazily dropped from the heap), or its release answered."""
+        """A waiter gone without release (lazily dropped from the order), or its release answered."""
         if waiter.released:
             self.releasing -= 1
         elif not waiter.left:
@@ -107,8 +86,8 @@ class HeldQueue:
     def release(self, room: float | None) -> int:
         """Release up to `room` waiters in order (None: all); how many were released."""
         released = 0
-        while self._heap and (room is None or released + 1 <= room):
-            _, _, waiter = heapq.heappop(self._heap)
+        while self._order and (room is None or released + 1 <= room):
+            waiter = self._order.pop()
             if waiter.left:
                 continue
             waiter.event.set()

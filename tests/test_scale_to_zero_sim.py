@@ -41,10 +41,105 @@ def test_requests_at_zero_are_held_until_the_first_ready_replica():
     assert outcome["hold"] == {"held_requests": 3.0, "hold_p50_s": 69.0, "hold_p99_s": 70.0, "dropped_held": 0.0,
                                "max_hold_s": 100.0}
     assert outcome["slo_attainment"]["critical"] == pytest.approx(0.25)  # only the request at 100 s met it
-    tight = RequestSim(requests([5.0, 6.0, 7.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=68.5)
-    tight.held[:] = True
-    tight.wait[:] = [70.0, 69.0, 68.0]
-    assert tight.outcome()["hold"]["dropped_held"] == 2.0  # held past max_hold_s: 503 and counted
+
+
+def mixed(arrival_s, priority, service_s):
+    n = len(arrival_s)
+    return RequestWorkload(name="t", scale=1.0, arrival_s=np.asarray(arrival_s, dtype=float),
+                           service_s=np.full(n, service_s), output_tokens=np.zeros(n),
+                           priority=np.asarray(priority, dtype=int), uniform=np.full(n, 0.99), span_s=200.0)
+
+
+def wake(sim, *, until_s=200.0, probe=None):
+    """At zero; one replica (2 slots) ordered at 15 s is Ready at 75 s. `probe(now, signals)` each tick."""
+    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+    for now in np.arange(0.0, until_s, 15.0):
+        cluster.advance(now)
+        signals = sim.signals(now, cluster)
+        if probe is not None:
+            probe(now, signals)
+        if now == 15.0:
+            cluster.scale_to(1)
+        sim.serve(now, now + 15.0, cluster, {})
+    sim.finish(until_s)
+    return sim.outcome()
+
+
+# four standard requests at 5-8 s, then two critical at 9 and 10 s; 30 s of service each
+HELD = ([5.0, 6.0, 7.0, 8.0, 9.0, 10.0], [1, 1, 1, 1, 0, 0])
+
+
+def test_held_requests_are_released_by_ready_capacity_critical_first():
+    """The Ready replica's 2 slots take the two critical requests at 75 s (held 66 and 65 s), then two
+    standard ones as each pair completes (105 s, 135 s), in arrival order; the rest stay held meanwhile and the
+    policy sees them as `held_requests`. Before, all six went to the replica at once, first come first served
+    (the critical ones last, started at 135 s) and `held_requests` read 0 once a replica was Ready."""
+    seen = {}
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0)
+    outcome = wake(sim, probe=lambda now, signals: seen.setdefault(now, signals))
+    np.testing.assert_allclose(sim.wait, [100.0, 99.0, 128.0, 127.0, 66.0, 65.0])  # old: [70, 69, 98, 97, 126, 125]
+    np.testing.assert_allclose(sim.hold_s, sim.wait)  # released to a free slot: no queue wait at the replica
+    assert seen[90.0].held_requests.value == 4 and seen[120.0].held_requests.value == 2
+    assert seen[90.0].queue_depth.value == 0  # the replica's queue: the held ones are at the gateway
+    assert outcome["hold"] == {"held_requests": 6.0, "hold_p50_s": 99.0, "hold_p99_s": 128.0, "dropped_held": 0.0,
+                               "max_hold_s": 300.0}
+
+
+def test_the_release_sees_a_replica_ready_at_the_loops_next_tick():
+    """With `ready_seen_every_s` 10 (the loop's held tick, at factor 10), the replica Ready at 75 s releases
+    the held requests from 80 s: every hold 5 s longer."""
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0,
+                     ready_seen_every_s=10.0)
+    wake(sim)
+    np.testing.assert_allclose(sim.hold_s, [105.0, 104.0, 133.0, 132.0, 71.0, 70.0])
+
+
+def test_a_held_request_counts_as_an_arrival_when_the_endpoint_answers_it():
+    """The live controller counts a request's class when the admission endpoint answers it, and the servers
+    count it once it reaches them: during the hold the arrival rate reads 0 (the held requests are the
+    demand), and a released request counts in the tick of its release. Before, the simulator counted the six
+    at their arrival (0.4 req/s in the tick to 15 s)."""
+    seen = {}
+    wake(RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0),
+         probe=lambda now, signals: seen.setdefault(now, signals))
+    assert seen[15.0].arrival_rate_per_s.value == 0.0 and seen[15.0].held_requests.value == 6
+    assert seen[90.0].arrival_rate_by_priority["critical"] == pytest.approx(2 / 15)  # released at 75 s
+    assert seen[120.0].arrival_rate_by_priority == {"critical": 0.0, "standard": pytest.approx(2 / 15),
+                                                    "sheddable": 0.0}
+    assert seen[90.0].arrival_rate_per_s.value == pytest.approx(2 / 15)
+
+
+def test_a_request_held_past_max_hold_s_is_dropped_and_never_served():
+    """max_hold_s 110: the standard requests of 7 and 8 s, still held at 120 s, get the gateway's 503; the
+    replica serves the other four only. Before, a drop was only counted and the request still served."""
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=110.0)
+    outcome = wake(sim)
+    assert list(sim.dropped) == [False, False, True, True, False, False]
+    assert np.isnan(sim.wait[2:4]).all()  # never served
+    np.testing.assert_allclose(sim.hold_s, [100.0, 99.0, 110.0, 110.0, 66.0, 65.0])
+    assert outcome["hold"]["dropped_held"] == 2.0 and outcome["hold"]["hold_p99_s"] == 110.0
+
+
+def test_the_service_time_signal_by_completion():
+    """With `service_by_completion` the mean service time is of the requests completed in the last minute (as
+    vLLM's inference-time histogram reports it), and missing when none completed: when traffic stops, the last
+    reading is of the longest requests. By arrival (the default) both requests count from the start."""
+    work = RequestWorkload(name="t", scale=1.0, arrival_s=np.array([1.0, 2.0]), service_s=np.array([40.0, 2.0]),
+                           output_tokens=np.zeros(2), priority=np.zeros(2, dtype=int), uniform=np.full(2, 0.99),
+                           span_s=200.0)
+    by_arrival, by_completion = (RequestSim(work, concurrency=4, slo_s=2.0, tick_s=15.0, service_by_completion=flag)
+                                 for flag in (False, True))
+    cluster = SimCluster.started(MODEL, replicas=1, now=0.0)
+    readings: dict[float, tuple] = {}
+    for now in np.arange(0.0, 150.0, 15.0):
+        cluster.advance(now)
+        readings[now] = tuple(sim.signals(now, cluster).service_time_s for sim in (by_arrival, by_completion))
+        for sim in (by_arrival, by_completion):
+            sim.serve(now, now + 15.0, cluster, {})
+    assert readings[30.0][0].value == 21.0 and readings[30.0][1].value == 2.0  # the 2-s one done at 4 s
+    assert readings[45.0][1].value == 21.0  # the 40-s one done at 41 s
+    assert readings[90.0][1].value == 40.0  # only the long one in (30, 90]
+    assert readings[120.0][1] is None  # nothing completed in (60, 120]
 
 
 def test_without_max_hold_s_nothing_is_reported_or_signalled():

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from policies.release import PerReplica, per_replica_of
 from policies.types import Decision
 
 
@@ -22,3 +23,8 @@ class Guard:
     def depths(self, classes: tuple[str, ...]) -> list[float]:
         """Per class, in the order given; infinite for a class never guarded."""
         return [float(self.depth.get(c, math.inf)) for c in classes]
+
+    def per_replica(self, replica_slots: int) -> PerReplica | None:
+        """What one Ready replica takes of held requests (`policies.release`); None: decided with none Ready."""
+        return per_replica_of(slots=self.slots, depths=self.depth, drain_per_s=self.drain_per_s,
+                              replica_slots=replica_slots)

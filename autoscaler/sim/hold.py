@@ -1,11 +1,13 @@
 """Requests held at the gateway while a model has no ready replica (scale to zero), and what the hold cost.
 
 While a model is at 0 ready replicas, an arriving request is held (the admission endpoint, or llm-d's
-flow control, keeps it) until the first replica is Ready, then released first come first served into the
-replicas' queue. Its hold is its wait until that release; the wait counts against the SLO like any queue
-wait (the simulators' waits include it). A request held longer than `max_hold_s` is dropped: the gateway
-answers 503 with Retry-After. It is counted here and as an SLO miss; the simulators still serve it (a
-client's retry, which the trace does not have), so the figures after a drop are slightly pessimistic.
+flow control, keeps it) until a replica is Ready. The request-level simulator releases held requests as the
+endpoint does (`policies.release`: as far as the Ready replicas take them, the highest class first, then
+arrival order); the rate-level one releases a tick's held arrivals at the first Ready. Its hold is its wait
+until that release; the wait counts against the SLO like any queue wait (the simulators' waits include it).
+A request held longer than `max_hold_s` is dropped: the gateway answers 503 with Retry-After. It is counted
+here and as an SLO miss; the request-level simulator never serves it, as the live gateway does not; the
+rate-level one still serves it (a client's retry, which the trace does not have).
 
 Figures, weighted by requests (the rate-level simulator holds fractions of a tick's arrivals):
 `held_requests`, `hold_p50_s`, `hold_p99_s`, `dropped_held`, `max_hold_s`.
@@ -30,11 +32,15 @@ class Holds:
     max_hold_s: float
     _holds_s: list[float] = field(default_factory=list)
     _weights: list[float] = field(default_factory=list)
+    _dropped: float = 0.0
 
-    def add(self, hold_s: float, requests: float = 1.0) -> None:
+    def add(self, hold_s: float, requests: float = 1.0, *, dropped: bool | None = None) -> None:
+        """`requests` held for `hold_s`; `dropped` (default: held longer than `max_hold_s`): answered 503."""
         if requests > 0:
             self._holds_s.append(hold_s)
             self._weights.append(requests)
+            if hold_s > self.max_hold_s if dropped is None else dropped:
+                self._dropped += requests
 
     def figures(self) -> dict:
         holds, weights = np.array(self._holds_s), np.array(self._weights)
@@ -43,7 +49,7 @@ class Holds:
             "held_requests": round(total, 1),
             "hold_p50_s": _quantile(holds, weights, 0.5),
             "hold_p99_s": _quantile(holds, weights, 0.99),
-            "dropped_held": round(float(weights[holds > self.max_hold_s].sum()), 1),
+            "dropped_held": round(self._dropped, 1),
             "max_hold_s": round(self.max_hold_s, 1),
         }
 

@@ -13,17 +13,28 @@ slot keeps it. The admission signals still see one queue: its total depth.
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
 
-Scale to zero (`max_hold_s` set): a request that arrives while no replica is ready is held (`hold.py`):
-it waits in the same FCFS queue for the first Ready replica, its wait counts against the SLO, and it is
-reported apart; the signals then carry `held_requests`, the requests queued while no replica is ready.
+Scale to zero (`max_hold_s` set): a request that arrives while no replica is ready, or while others are
+held, is held at the gateway (`hold.py`) and released as the admission endpoint releases it
+(`policies.release`): as far as the Ready replicas take it (their slots and queue allowance less what they
+serve or queue), the highest class first, then arrival order; released, it meets the shed levels and the
+saturation guard as any arrival (the endpoint answers it then), and joins the replicas' queue. Its hold is
+until its release, its wait (hold + queue) counts against the SLO, and it is reported apart; held longer
+than `max_hold_s`, it is dropped (the gateway's 503: never served, an SLO miss). The signals carry
+`held_requests`, the requests held now; the queue is the replicas' queue only. With `ready_seen_every_s`
+the release sees a replica Ready only from the loop's next tick (it ticks that often while requests are held
+and publishes the Ready count with its decision); without, at once.
 
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
-minute, queue and in-flight gauges.
+minute, queue and in-flight gauges. The mean service time is of the requests that arrived in that minute
+and started, or with `service_by_completion` of those that completed in it, as vLLM's inference-time
+histogram reports it (the closed loop's twin): when traffic stops, the last requests to complete are the
+long ones, and the last reading, which the policy keeps while the servers report none, is high.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -33,12 +44,16 @@ import numpy as np
 from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds
+from policies.release import PerReplica, ReleaseOrder, room
 from autoscaler.sim.workload import RequestWorkload
 from policies.admission import carried_queue
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
 INF = math.inf
+# With the service time by completion: requests that arrived this long before the window are not looked at
+# (none waits and runs that long in any trace simulated).
+COMPLETION_LOOKBACK_S = 3600.0
 
 
 class ClassQueue:
@@ -75,7 +90,8 @@ class ClassQueue:
 
 class RequestSim:
     def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float,
-                 probe_s: float = 1.0, max_hold_s: float | None = None, server_priority: bool = False) -> None:
+                 probe_s: float = 1.0, max_hold_s: float | None = None, server_priority: bool = False,
+                 service_by_completion: bool = False, ready_seen_every_s: float | None = None) -> None:
         self.w = workload
         self.tick_s = tick_s
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
@@ -105,8 +121,15 @@ class RequestSim:
             onehot[c, 1:] = np.cumsum(workload.priority == c)
         self._cum_class = onehot
         self._cum_tokens = np.concatenate([[0.0], np.cumsum(workload.output_tokens)])
+        self.service_by_completion = service_by_completion
+        self.ready_seen_every_s = ready_seen_every_s
         self.max_hold_s = max_hold_s
-        self.held = np.zeros(n, dtype=bool)  # arrived while no replica was ready (only with max_hold_s)
+        self.held = np.zeros(n, dtype=bool)  # held at the gateway (only with max_hold_s)
+        self.hold_s = np.full(n, np.nan)  # arrival -> release (or drop) of a held request
+        self.dropped = np.zeros(n, dtype=bool)  # held longer than max_hold_s: 503, never served
+        self._holding: ReleaseOrder[int] = ReleaseOrder()  # held now, in release order
+        self._per: PerReplica | None = None  # what a Ready replica takes, from the latest decision with one
+        self._answers: list[tuple[float, int]] = []  # (when, class) a held request was answered, in time order
 
     # -- what the controller sees ---------------------------------------------------------------------------
     def signals(self, now: float, cluster: Cluster) -> Signals:
@@ -117,20 +140,26 @@ class RequestSim:
         window = min(RATE_WINDOW_S, max(now, 1e-9))
         tick = min(self.tick_s, max(now, 1e-9))
         cum = self._cum_class
-        by_class = {c: float(cum[i, hi] - cum[i, tick_lo]) / tick for i, c in enumerate(self.classes)}
+        counts = [float(cum[i, hi] - cum[i, tick_lo]) for i in range(len(self.classes))]
+        if self.max_hold_s is not None:
+            self._expire(now)
+            counts = self._answered(counts, now - self.tick_s, now, tick_lo, hi)
+        by_class = {c: n / tick for c, n in zip(self.classes, counts)}
         waits = self.wait[lo:hi]
-        pending = np.isnan(waits) & ~self.shed[lo:hi]
-        waits = np.where(pending, now - arr[lo:hi], waits)
-        waits = waits[~self.shed[lo:hi]]
+        gone = self.shed[lo:hi] | self.dropped[lo:hi]  # answered 429, or 503 after a hold: no wait
+        waits = np.where(np.isnan(waits) & ~gone, now - arr[lo:hi], waits)
+        waits = waits[~gone]
         p99 = float(np.percentile(waits, 99)) if len(waits) else 0.0
-        started = ~np.isnan(self.wait[lo:hi]) & ~self.shed[lo:hi]
-        service = float(self.w.service_s[lo:hi][started].mean()) if started.any() else 0.0
+        service: Sample | None
+        if self.service_by_completion:
+            service = self._completed_service(now, window)
+        else:
+            started = ~np.isnan(self.wait[lo:hi]) & ~self.shed[lo:hi]
+            service = Sample(float(self.w.service_s[lo:hi][started].mean()) if started.any() else 0.0, now)
         state = cluster.state()
         capacity = state.ready_replicas * self.k
         headroom = 1.0 - min(1.0, self._busy / capacity) if capacity else 0.0
-        held = None
-        if self.max_hold_s is not None:
-            held = Sample(0.0 if state.ready_replicas else float(len(self._queue)), now)
+        held = Sample(float(len(self._holding)), now) if self.max_hold_s is not None else None
         return Signals(
             cluster=state,
             queue_depth=Sample(float(len(self._queue)), now),
@@ -138,8 +167,8 @@ class RequestSim:
             p99_latency_s=Sample(p99, now),
             gpu_memory_headroom_ratio=Sample(headroom, now),
             token_rate_per_s=Sample(float(self._cum_tokens[hi] - self._cum_tokens[lo]) / window, now),
-            arrival_rate_per_s=Sample(float(hi - tick_lo) / tick, now),
-            service_time_s=Sample(service, now),
+            arrival_rate_per_s=Sample(sum(counts) / tick, now),
+            service_time_s=service,
             arrival_rate_by_priority=by_class,
             held_requests=held,
         )
@@ -159,9 +188,53 @@ class RequestSim:
         depth = guard.depths(self.classes)
         k = self.k
         cap = cluster.ready(start) * k
-        ready_events = deque(sorted(cluster.ready_times_between(start, end)))
+        # (when, slots it adds): a replica turning Ready, and with `ready_seen_every_s` while requests are held,
+        # the loop's tick at which the release sees it (no slots: only a release)
+        ready_at = cluster.ready_times_between(start, end)
+        seen_at: list[float] = []
+        if self.max_hold_s is not None and self.ready_seen_every_s:
+            every = self.ready_seen_every_s
+            seen_at = [math.ceil(r / every) * every for r in cluster.ready_times_between(start - every, end)]
+        ready_events = deque(sorted([(r, k) for r in ready_at] + [(r, 0) for r in seen_at if start <= r < end]))
         busy, i, n = self._busy, self._i, self.n
         holding = self.max_hold_s is not None
+        if guard.slots > 0:
+            self._per = guard.per_replica(k)
+
+        def admitted(j: int, t: float) -> bool:
+            """The shed levels and the saturation guard, as the endpoint answers a request (or a held one
+            on its release); an admitted request counts in the endpoint's view of the queue."""
+            if any_shed and u[j] < levels[prio[j]]:
+                shed_out[j] = True
+                return False
+            if depth[prio[j]] < INF:
+                seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
+                                     slots=guard.slots, drain_per_s=guard.drain_per_s,
+                                     elapsed_s=t - self._probed[2])
+                if seen >= depth[prio[j]]:
+                    shed_out[j] = True
+                    return False
+            self._since += 1
+            return True
+
+        def release(t: float) -> None:
+            """Held requests leave, in order, as far as the Ready replicas take them."""
+            ready = cap // k
+            if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
+                ready = min(ready, cluster.ready(math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s))
+            left = room(ready=ready, slots=k, per=self._per, occupied=len(queue) + busy)
+            while self._holding and left >= 1:
+                j = self._holding.pop()
+                self.hold_s[j] = t - arr[j]
+                self._answers.append((t, prio[j]))
+                if self.max_hold_s is not None and t - arr[j] > self.max_hold_s:
+                    self.hold_s[j], self.dropped[j] = self.max_hold_s, True
+                elif admitted(j, t):
+                    queue.append(j)
+                    left -= 1
+
+        if self._holding and cap > 0:
+            release(start)
         while queue and busy < cap:  # capacity that landed since the previous interval
             j = queue.popleft()
             wait[j] = start - arr[j]
@@ -170,7 +243,7 @@ class RequestSim:
         while True:
             ta = arr[i] if i < n else INF
             tc = heap[0] if heap else INF
-            tr = ready_events[0] if ready_events else INF
+            tr = ready_events[0][0] if ready_events else INF
             if tc <= ta and tc <= tr:
                 t = tc
                 if t >= end:
@@ -181,8 +254,7 @@ class RequestSim:
                 t = tr
                 if t >= end:
                     break
-                ready_events.popleft()
-                cap += k
+                cap += ready_events.popleft()[1]
             else:
                 t = ta
                 if t >= end:
@@ -192,26 +264,21 @@ class RequestSim:
                 if t >= self._next_probe:
                     self._probed, self._since = (len(queue), busy, t), 0
                     self._next_probe = (t // self.probe_s + 1) * self.probe_s
-                if any_shed and u[j] < levels[prio[j]]:
-                    shed_out[j] = True
-                    continue
-                if depth[prio[j]] < INF:
-                    seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
-                                         slots=guard.slots, drain_per_s=guard.drain_per_s,
-                                         elapsed_s=t - self._probed[2])
-                    if seen >= depth[prio[j]]:
-                        shed_out[j] = True
-                        continue
-                self._since += 1
-                if holding and cap == 0:
+                if holding and (cap == 0 or self._holding):  # held: answered on its release
                     self.held[j] = True
-                if busy < cap and not queue:
+                    self._holding.push(-prio[j], j)
+                elif not admitted(j, t):
+                    continue
+                elif busy < cap and not queue:
                     wait[j] = 0.0
                     heapq.heappush(heap, t + svc[j])
                     busy += 1
+                    continue
                 else:
                     queue.append(j)
-                continue
+                    continue
+            if self._holding and cap > 0:
+                release(t)
             while queue and busy < cap:
                 j = queue.popleft()
                 wait[j] = t - arr[j]
@@ -219,11 +286,51 @@ class RequestSim:
                 busy += 1
         self._busy, self._i = busy, i
 
+    def _completed_service(self, now: float, window: float) -> Sample | None:
+        """The mean service time of the requests completed in the last `window` (as vLLM's inference-time
+        histogram counts them, at completion); None when none completed (the live query reads no value)."""
+        arr, wait, svc = self.w.arrival_s, self.wait, self.w.service_s
+        lo, hi = np.searchsorted(arr, [now - window - COMPLETION_LOOKBACK_S, now], side="left")
+        done = arr[lo:hi] + wait[lo:hi] + svc[lo:hi]  # NaN while waiting: never in the window
+        mask = (done > now - window) & (done <= now)
+        return Sample(float(svc[lo:hi][mask].mean()), now) if mask.any() else None
+
+    def _answered(self, counts: list[float], lo: float, hi: float, first: int, last: int) -> list[float]:
+        """Per class, the requests the endpoint answered in [lo, hi) (a release at `hi` comes after this reading,
+        in the serving from `hi`): the arrivals `first:last` less those held,
+        plus the held ones answered then (released, or dropped). The live controller counts a request's class
+        when the endpoint answers it, and the servers count it once it reaches them: a held request shows in
+        neither before its release, so at zero the arrival rate reads 0 and the held requests are the demand."""
+        held = np.bincount(self.w.priority[first:last][self.held[first:last]], minlength=len(counts))
+        out = [c - float(h) for c, h in zip(counts, held)]
+        start = bisect.bisect_left(self._answers, (lo, -1))
+        for _, c in self._answers[start:bisect.bisect_left(self._answers, (hi, -1))]:
+            out[c] += 1.0
+        return out
+
+    def _expire(self, now: float) -> None:
+        """Drop the requests held longer than `max_hold_s` by `now` (the gateway's 503)."""
+        assert self.max_hold_s is not None
+        arr, limit = self._arr, self.max_hold_s
+        if not any(now - arr[j] > limit for j in self._holding):
+            return
+        kept: ReleaseOrder[int] = ReleaseOrder()
+        for j in self._holding:
+            if now - arr[j] > limit:
+                self.hold_s[j], self.dropped[j] = limit, True
+                bisect.insort(self._answers, (arr[j] + limit, self._prio[j]))
+            else:
+                kept.push(-self._prio[j], j)
+        self._holding = kept
+
     def finish(self, end: float) -> None:
-        """Requests still queued at the end waited at least until then."""
+        """Requests still queued or held at the end waited at least until then."""
         for j in self._queue:
             self.wait[j] = end - self.w.arrival_s[j]
         self._queue.clear()
+        for j in self._holding:
+            self.wait[j] = self.hold_s[j] = end - self.w.arrival_s[j]
+        self._holding = ReleaseOrder()
 
     # -- outcome -------------------------------------------------------------------------------------------
     def outcome(self) -> dict:
@@ -253,6 +360,6 @@ class RequestSim:
         if self.max_hold_s is None:
             return {}
         holds = Holds(self.max_hold_s)
-        for wait in self.wait[self.held & ~self.shed]:
-            holds.add(float(wait))
+        for hold_s, dropped in zip(self.hold_s[self.held & ~self.shed], self.dropped[self.held & ~self.shed]):
+            holds.add(float(hold_s), dropped=bool(dropped))
         return {"hold": holds.figures()}

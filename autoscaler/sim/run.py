@@ -48,6 +48,12 @@ class SimConfig:
     # The model servers serve their queue by class, highest first (vLLM's --scheduling-policy priority);
     # request-level simulation only.
     server_priority: bool = False
+    # The service-time signal is the mean of the requests completed in the rate window (as vLLM reports it),
+    # not of those that arrived and started in it; request-level simulation only.
+    service_by_completion: bool = False
+    # Scale to zero: the admission endpoint learns the Ready replicas at the control loop's ticks, this far apart
+    # while requests are held; None: at once. Request-level simulation only.
+    ready_seen_every_s: float | None = None
 
     @property
     def cold_start_s(self) -> float:
@@ -111,7 +117,9 @@ def run(
     k = config.server.concurrency
     if isinstance(workload, RequestWorkload):
         sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
-                                               max_hold_s=config.max_hold_s, server_priority=config.server_priority)
+                                               max_hold_s=config.max_hold_s, server_priority=config.server_priority,
+                                               service_by_completion=config.service_by_completion,
+                                               ready_seen_every_s=config.ready_seen_every_s)
     else:
         if config.server_priority:
             raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoscaler.sim.cluster import ClusterModel
+from autoscaler.loop import HELD_TICK_S
+from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import SimConfig
 from autoscaler.sim.workload import ServerModel
 from loadtest.kube.karpenter import ONE_GPU, NodeShape
@@ -60,15 +62,22 @@ class E2EConfig:
         """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
         delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1). The NodePool's
         GPU limit in nodes (one GPU per replica, on one-GPU nodes): `gpu_limit` from the start, then each
-        (scenario time, GPUs) of `gpu_limits` from its time on."""
+        (scenario time, GPUs) of `gpu_limits` from its time on. With `idle_after_s` (scale to zero) the gateway's
+        hold is modelled, up to `max_hold_s` (unset: the simulator's default, the slowest cold start + 60 s), and
+        the service-time signal is read by completion as the live servers report it: after the traffic stops,
+        the policy keeps the last reading, of the longest requests, and sizes the wake with it. The held requests
+        see a replica Ready at the loop's next tick: it ticks every `HELD_TICK_S` of wall clock while requests
+        are held, which is not compressed (`factor` x as long at factor 1)."""
         limit = ((0.0, self.gpu_limit),) + tuple(gpu_limits)
-        return SimConfig(
-            tick_s=self.tick_s, slo_s=self.slo_s,
-            cluster=ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
-                                 node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,
-                                 node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit),
-            server=self.server,
-        )
+        cluster = ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
+                               node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,
+                               node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit)
+        hold_s = None
+        if self.spec().idle_after_s is not None:
+            hold_s = self.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
+        held = hold_s is not None
+        return SimConfig(tick_s=self.tick_s, slo_s=self.slo_s, cluster=cluster, server=self.server, max_hold_s=hold_s,
+                         service_by_completion=held, ready_seen_every_s=HELD_TICK_S * self.factor if held else None)
 
 
 def compress(spec: PolicySpec, factor: float) -> dict:

@@ -155,6 +155,7 @@ def simulated_figures(result: RunResult) -> dict:
         "warm_pool_gpu_hours": round(warm_pool_gpu_hours(result.costs), 3),
         "max_pending_replicas": pending,
         "scaling_actions": result.scaling_actions,
+        **({"hold": result.outcome["hold"]} if "hold" in result.outcome else {}),  # scale to zero: the twin's holds
     }
 
 

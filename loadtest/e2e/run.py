@@ -12,7 +12,6 @@ from pathlib import Path
 
 from autoscaler.kube.cluster import provisioner_cannot
 from autoscaler.sim.run import initial_replicas, needed_replicas
-from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.e2e import checks
 from loadtest.e2e.checks import CheckContext
@@ -20,19 +19,10 @@ from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.fleetrun import run_fleet_scenario
 from loadtest.e2e.figures import annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings, wake
 from loadtest.e2e.stack import Stack, stack
-from loadtest.e2e.twin import simulate, twin
-from loadtest.loadgen import Request, write_requests
+from loadtest.e2e.twin import requests_of, simulate, twin
+from loadtest.loadgen import write_requests
 
 SAMPLE_EVERY_S = 0.5  # wall clock
-
-
-def requests_of(name: str, config: E2EConfig):
-    trace = scenarios.synthetic(name)
-    workload = build(trace, WorkloadConfig(scale=1.0, server=config.server))
-    classes = workload.classes
-    requests = [Request(i, float(t), classes[int(p)], int(a), int(b)) for i, (t, p, a, b) in
-                enumerate(zip(workload.arrival_s, workload.priority, trace.input_tokens, trace.output_tokens))]
-    return workload, requests
 
 
 def _act(st: Stack, action: str, state: dict) -> str:

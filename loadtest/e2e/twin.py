@@ -20,10 +20,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.sim.run import PolicyRun, RunResult, initial_replicas, needed_replicas, run
+from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.figures import simulated_figures
+from loadtest.loadgen import Request
 from policies import decide, initial_state
+
+
+def requests_of(name: str, config: E2EConfig):
+    """The scenario's workload (for the twin) and its requests (for the load generator)."""
+    trace = scenarios.synthetic(name)
+    workload = build(trace, WorkloadConfig(scale=1.0, server=config.server))
+    classes = workload.classes
+    requests = [Request(i, float(t), classes[int(p)], int(a), int(b)) for i, (t, p, a, b) in
+                enumerate(zip(workload.arrival_s, workload.priority, trace.input_tokens, trace.output_tokens))]
+    return workload, requests
 
 
 def simulate(config: E2EConfig, workload, initial: int, sim_config, *,
@@ -51,8 +63,6 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
 def rerun(folder: Path) -> dict:
     """Recompute the twin of the run whose result.json is in `folder` (a single-model scenario without GPU-limit
     actions); the live figures, the recorded twin's and the recomputed twin's."""
-    from loadtest.e2e.run import requests_of
-
     doc = json.loads((folder / "result.json").read_text())
     scenario = scenarios.SCENARIOS[doc["scenario"]]
     if scenario.models or scenario.limit_steady_at_min is not None:

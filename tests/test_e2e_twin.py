@@ -1,0 +1,45 @@
+"""`python -m loadtest.e2e.twin DIR`: a finished closed-loop run's twin recomputed from its result.json."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from autoscaler.sim.run import initial_replicas, needed_replicas
+from loadtest import scenarios
+from loadtest.e2e import twin
+from loadtest.e2e.config import E2EConfig
+
+TIMING = {"provisioning_s": 410.0, "provisioning_p90_s": 410.0, "waits": 23, "removal_extra_s": 237.7,
+          "removals": 12}
+
+
+def recorded(tmp_path, name="scale-to-zero"):
+    config = replace(E2EConfig(factor=10.0), **scenarios.SCENARIOS[name].config)
+    workload, _ = twin.requests_of(name, config)
+    initial = initial_replicas(needed_replicas(workload, config.sim_config()), config.sim_config())
+    _, simulated = twin.twin(config, workload, initial, TIMING)
+    doc = {"scenario": name, "factor": 10.0, "initial_replicas": initial, "simulated": simulated,
+           "slo_attainment": {"critical": 0.5}, "gpu_hours": 7.5}
+    (tmp_path / "result.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_the_twin_of_a_run_is_recomputed_from_its_folder(tmp_path, capsys):
+    doc = recorded(tmp_path)
+    out = twin.rerun(tmp_path)
+    assert out["recomputed"] == out["recorded"] == {"critical": doc["simulated"]["slo_attainment"]["critical"],
+                                                     "gpu_hours": doc["simulated"]["gpu_hours"]}
+    assert out["hold"]["held_requests"] > 0  # the twin models the hold at the gateway
+    assert twin.main([str(tmp_path)]) == 0
+    assert "recomputed twin: critical" in capsys.readouterr().out
+
+
+def test_a_run_that_started_elsewhere_or_a_fleet_is_refused(tmp_path):
+    doc = recorded(tmp_path)
+    (tmp_path / "result.json").write_text(json.dumps({**doc, "initial_replicas": doc["initial_replicas"] + 1}))
+    with pytest.raises(ValueError, match="started from"):
+        twin.rerun(tmp_path)
+    (tmp_path / "result.json").write_text(json.dumps({**doc, "scenario": "fleet"}))
+    with pytest.raises(ValueError, match="single-model"):
+        twin.rerun(tmp_path)
