@@ -18,7 +18,8 @@ loop's sleep waits on, so the next tick starts at once instead of after `tick_s`
 latest Ready count that was known, for a decision that does not know it (a tick that missed the cluster), and
 `last_serving` the latest decision made with Ready replicas: what one replica takes (its slots, completions,
 the saturation guard's depths), which the admission endpoint releases held requests by after a cold start
-(the decisions made at zero know no Ready slot).
+(the decisions made at zero know no Ready slot). `last_wake_start` keeps where the latest wake landed its first
+replica (a free slot or a new node), which outlasts the wake: its held requests are released after it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class DecisionBoard:
     held_requests: int = 0  # requests the admission endpoint holds for a Ready replica, now
     last_ready: int | None = None  # the latest Ready replicas known (a decision may not know them)
     last_serving: Decision | None = None  # the latest decision made with Ready slots
+    last_wake_start: str | None = None  # where the latest wake from zero landed ("slot", "node"); None: none yet
     _changed: asyncio.Condition | None = field(default=None, repr=False)
     _wake: asyncio.Event | None = field(default=None, repr=False)
     _notifying: set = field(default_factory=set, repr=False)
@@ -96,6 +98,8 @@ class DecisionBoard:
             self.last_ready = value.ready_replicas
         if value.decision.valid and value.decision.saturation_slots > 0:
             self.last_serving = value.decision
+        if value.decision.wake_start is not None:
+            self.last_wake_start = value.decision.wake_start
         if (previous is None or previous.replicas != value.replicas or previous.decision.shed != value.decision.shed
                 or previous.ready_replicas != value.ready_replicas):
             await self._notify()

@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from policies import ClusterState, Decision
 
+HOLD_BUCKETS_S = (0.1, 1, 5, 15, 30, 60, 120, 180, 300, 450, 600, 900)
+
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -47,12 +49,21 @@ class ControllerMetrics:
                           "Ready replica (scale to zero), now", registry=r)
         self.hold = Histogram("autoscaler_admission_hold_seconds", "How long each held request waited, by outcome "
                               "(admitted, or expired: answered 503 after max_hold_s)", ["outcome"],
-                              buckets=(0.1, 1, 5, 15, 30, 60, 120, 180, 300, 450, 600, 900), registry=r)
+                              buckets=HOLD_BUCKETS_S, registry=r)
+        self.wake_hold = Histogram("autoscaler_admission_wake_hold_seconds", "How long each held request waited, "
+                                   "by where the latest wake from zero landed its first replica (slot: a free warm "
+                                   "or idle slot, a pod start-up; node: a new node first; unknown: no wake seen)",
+                                   ["start"], buckets=HOLD_BUCKETS_S, registry=r)
         self.decision_age = Gauge("autoscaler_decision_age_seconds", "Age of the latest decision (NaN before the "
                                   "first); older than stale_after_ticks ticks it is not served", registry=r)
         self.stale_answers = Counter("autoscaler_stale_decision_answers_total", "Answers while the latest decision "
                                      "was stale: the admission endpoint admitted, KEDA got UNAVAILABLE", ["server"],
                                      registry=r)
+
+    def observe_hold(self, outcome: str, waited_s: float, wake_start: str | None) -> None:
+        """A hold ended (`admitted` or `expired`) after `waited_s`; `wake_start`: where the latest wake landed."""
+        self.hold.labels(outcome).observe(waited_s)
+        self.wake_hold.labels(wake_start or "unknown").observe(waited_s)
 
     def record(self, decision: Decision, *, current: int | None, ready: int | None,
                unschedulable: int | None = None, cluster: ClusterState | None = None) -> None:

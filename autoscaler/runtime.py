@@ -268,7 +268,7 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
         retry_after_s=settings.admission.retry_after_s, live_queue=live_queue, on_result=on_result,
         on_unknown=metrics.unknown_priority.inc, clock=clock, max_hold_s=settings.admission.max_hold_s,
         max_held_requests=settings.admission.max_held_requests,
-        on_hold=lambda outcome, waited_s: metrics.hold.labels(outcome).observe(waited_s),
+        on_hold=lambda outcome, waited_s: metrics.observe_hold(outcome, waited_s, board.last_wake_start),
         # Only where a decision of 0 takes replicas away (not in shadow mode) and a held request wakes the
         # model (the idle rule's wake; without idle_after_s a held request is no demand the policy reads).
         hold_going_to_zero=settings.mode != Mode.shadow and settings.policy.idle_after_s is not None,

@@ -296,14 +296,20 @@ def prepare(args: argparse.Namespace) -> Setup:
                  args.gpu_hour_price, zero_spec)
 
 
+WAKE_ONTO = {"slot": "a free slot", "node": "a new node"}
+
+
 def hold_lines(rows: list[dict]) -> list[str]:
     """Per policy that held requests: how many, how long, how many were dropped; and what zero saved."""
     lines = []
     for row in rows:
         h = row.get("hold")
         if h and h["held_requests"]:
+            starts = "; ".join(f"{b['held_requests']:g} after a wake onto {WAKE_ONTO[k]} (p50 {b['hold_p50_s']:g} s, "
+                               f"p99 {b['hold_p99_s']:g} s)" for k, b in h.get("by_start", {}).items())
             lines.append(f"held ({row['policy']}): {h['held_requests']:g} requests, hold p50 {h['hold_p50_s']:g} s, "
-                         f"p99 {h['hold_p99_s']:g} s, dropped after {h['max_hold_s']:g} s: {h['dropped_held']:g}")
+                         f"p99 {h['hold_p99_s']:g} s, dropped after {h['max_hold_s']:g} s: {h['dropped_held']:g}"
+                         + (f"; {starts}" if starts else ""))
     on = next((r for r in rows if r["policy"] == "predictive-zero"), None)
     off = next((r for r in rows if r["policy"] == "predictive"), None)
     if on is not None and off is not None and off["gpu_hours"]:

@@ -112,6 +112,7 @@ def _decision(spec: PolicySpec, tick: Tick) -> tuple[Decision, PolicyState]:
         refitted=demand.refitted(tick.state.forecast, tick.now),
         unplaceable_replicas=tick.unplaceable,
         capped_by_budget=tick.capped,
+        wake_start=tick.state.woke_onto if tick.state.woke_at_s is not None else None,
         reasons=tick.reasons,
     )
     return decision, replace(tick.state, last_replicas=tick.replicas)

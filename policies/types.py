@@ -166,6 +166,8 @@ class PolicyState:
     idle_since_s: float | None = None
     # When the last wake from zero ordered replicas, until they are all Ready or the queue is drained.
     woke_at_s: float | None = None
+    # Where that wake's first replica lands: "slot" (a free warm or idle slot) or "node" (a new node).
+    woke_onto: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,9 @@ class Decision:
     unplaceable_replicas: int = 0
     # The GPU budget held the replicas below what demand asked for (see stages/budget.py).
     capped_by_budget: bool = False
+    # Scale to zero, while a wake is in progress (stages/idle.py): where its first replica lands, "slot" (a
+    # free warm or idle slot: a pod start-up) or "node" (no slot free: a new node, then a pod start-up).
+    wake_start: str | None = None
     valid: bool = True
     reasons: tuple[str, ...] = ()
 

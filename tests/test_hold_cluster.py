@@ -44,3 +44,6 @@ def test_actuate_mode_goes_to_zero_and_a_held_request_wakes_it(stack):  # noqa: 
     assert status == 200
     assert woke_s < 2.0  # at once, not after the next tick and a confirmation
     assert 'autoscaler_admission_hold_seconds_count{outcome="admitted"} 1.0' in exposition
+    # the hold counted by where the wake landed its first replica (the decision's wake_start), never unknown
+    assert any(f'autoscaler_admission_wake_hold_seconds_count{{start="{start}"}} 1.0' in exposition
+               for start in ("slot", "node")), exposition

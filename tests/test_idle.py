@@ -190,3 +190,28 @@ def test_zero_only_after_a_quiet_window_or_at_zero_without_demand_and_never_unde
         if d.replicas == 0:
             quiet_window = i >= window and all(k == "quiet" for k, _, _ in ticks[i - window:i + 1])
             assert kind != "demand" and (replicas == 0 or quiet_window), (i, ticks[max(0, i - window):i + 1])
+
+
+@pytest.mark.parametrize("free, onto, line", [
+    (dict(idle_slots=1), "slot", "wake: onto a free warm or idle slot: 120 s start-up"),
+    (dict(warm_slots_ready=1), "slot", "wake: onto a free warm or idle slot: 120 s start-up"),
+    ({}, "node", "wake: no warm or idle slot free: a new node, 120 s start-up + 300 s node provisioning"),
+])
+def test_the_wake_says_where_its_first_replica_lands(free, onto, line):
+    """A wake from zero lands on a free warm or idle slot (a pod start-up) or waits for a new node: its line
+    says which, and the decision's `wake_start` says it while the wake lasts (none before it, none at rest)."""
+    _, state, _ = run(SPEC, busy_then_quiet(25))
+    at_zero = Signals(cluster=ClusterState(spec_replicas=0, ready_replicas=0, at_s=0.0, **free),
+                      arrival_rate_per_s=Sample(0.0, 0.0), in_flight=Sample(0.0, 0.0), queue_depth=Sample(0.0, 0.0),
+                      held_requests=Sample(0.0, 0.0))
+    rest, state = decide(SPEC, state, at_zero, 600.0)
+    assert rest.replicas == 0 and rest.wake_start is None
+    held = Signals(cluster=ClusterState(spec_replicas=0, ready_replicas=0, at_s=615.0, **free),
+                   arrival_rate_per_s=Sample(0.0, 615.0), in_flight=Sample(0.0, 615.0),
+                   queue_depth=Sample(0.0, 615.0), held_requests=Sample(3.0, 615.0))
+    woke, state = decide(SPEC, state, held, 615.0)
+    assert woke.replicas >= 1 and woke.wake_start == onto and line in woke.reasons, woke.reasons
+    starting = Signals(cluster=ClusterState(spec_replicas=woke.replicas, ready_replicas=0, at_s=630.0, **free),
+                       held_requests=Sample(3.0, 630.0))  # at zero the pods' signals are gone
+    still, state = decide(SPEC, state, starting, 630.0)
+    assert still.valid and still.wake_start == onto, still.reasons

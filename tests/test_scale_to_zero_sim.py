@@ -39,7 +39,8 @@ def test_requests_at_zero_are_held_until_the_first_ready_replica():
     outcome = sim.outcome()
     np.testing.assert_allclose(sim.wait[:3], [70.0, 69.0, 68.0])
     assert outcome["hold"] == {"held_requests": 3.0, "hold_p50_s": 69.0, "hold_p99_s": 70.0, "dropped_held": 0.0,
-                               "max_hold_s": 100.0}
+                               "max_hold_s": 100.0,
+                               "by_start": {"node": {"held_requests": 3.0, "hold_p50_s": 69.0, "hold_p99_s": 70.0}}}
     assert outcome["slo_attainment"]["critical"] == pytest.approx(0.25)  # only the request at 100 s met it
 
 
@@ -82,7 +83,8 @@ def test_held_requests_are_released_by_ready_capacity_critical_first():
     assert seen[90.0].held_requests.value == 4 and seen[120.0].held_requests.value == 2
     assert seen[90.0].queue_depth.value == 0  # the replica's queue: the held ones are at the gateway
     assert outcome["hold"] == {"held_requests": 6.0, "hold_p50_s": 99.0, "hold_p99_s": 128.0, "dropped_held": 0.0,
-                               "max_hold_s": 300.0}
+                               "max_hold_s": 300.0,
+                               "by_start": {"node": {"held_requests": 6.0, "hold_p50_s": 99.0, "hold_p99_s": 128.0}}}
 
 
 def test_the_release_sees_a_replica_ready_at_the_loops_next_tick():
@@ -140,6 +142,31 @@ def test_the_service_time_signal_by_completion():
     assert readings[45.0][1].value == 21.0  # the 40-s one done at 41 s
     assert readings[90.0][1].value == 40.0  # only the long one in (30, 90]
     assert readings[120.0][1] is None  # nothing completed in (60, 120]
+
+
+def test_the_holds_say_whether_the_wake_landed_on_a_free_slot_or_waited_for_a_node():
+    """Node provisioning 240 s, start-up 60 s. One replica goes at 0 s and its node stays idle for 600 s: a
+    request at 30 s wakes the model onto that idle slot (ordered at 45 s, Ready at 105 s: held 75 s). Back to
+    zero at 150 s, the node is gone at 750 s: a request at 800 s waits for a new node too (ordered at 810 s,
+    Ready at 1110 s: held 310 s). The figures say which wake each hold waited for."""
+    model = ClusterModel(startup_s=60.0, node_provisioning_s=240.0, startup_jitter_ratio=0.0, node_jitter_ratio=0.0,
+                         node_idle_timeout_s=600.0)
+    sim = RequestSim(requests([30.0, 800.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=900.0)
+    cluster = SimCluster.started(model, replicas=1, now=0.0)
+    cluster.scale_to(0)
+    for now in np.arange(0.0, 1200.0, 15.0):
+        cluster.advance(now)
+        if now in (45.0, 810.0):
+            cluster.scale_to(1)
+        if now == 150.0:
+            cluster.scale_to(0)
+        sim.signals(now, cluster)
+        sim.serve(now, now + 15.0, cluster, {})
+    sim.finish(1200.0)
+    hold = sim.outcome()["hold"]
+    assert sim.wake_start == ["slot", "node"]
+    assert hold["by_start"] == {"slot": {"held_requests": 1.0, "hold_p50_s": 75.0, "hold_p99_s": 75.0},
+                                "node": {"held_requests": 1.0, "hold_p50_s": 310.0, "hold_p99_s": 310.0}}
 
 
 def test_without_max_hold_s_nothing_is_reported_or_signalled():

@@ -10,7 +10,9 @@ here and as an SLO miss; the request-level simulator never serves it, as the liv
 rate-level one still serves it (a client's retry, which the trace does not have).
 
 Figures, weighted by requests (the rate-level simulator holds fractions of a tick's arrivals):
-`held_requests`, `hold_p50_s`, `hold_p99_s`, `dropped_held`, `max_hold_s`.
+`held_requests`, `hold_p50_s`, `hold_p99_s`, `dropped_held`, `max_hold_s`, and `by_start`: the same count
+and hold quantiles by where the wake they waited for landed its first replica ("slot": a free warm or idle
+slot, a pod start-up; "node": a new node first), read from the cluster when the wake's first request is held.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.types import ClusterState
+
 MARGIN_S = 60.0  # beyond the slowest cold start the simulated cluster can draw
+# Where a wake from zero lands its first replica: a free warm or idle slot (a pod start-up), or a new node.
+WAKE_STARTS = ("slot", "node")
 
 
 def default_max_hold_s(worst_cold_start_s: float) -> float:
@@ -33,25 +39,42 @@ class Holds:
     _holds_s: list[float] = field(default_factory=list)
     _weights: list[float] = field(default_factory=list)
     _dropped: float = 0.0
+    _starts: list[str | None] = field(default_factory=list)
 
-    def add(self, hold_s: float, requests: float = 1.0, *, dropped: bool | None = None) -> None:
-        """`requests` held for `hold_s`; `dropped` (default: held longer than `max_hold_s`): answered 503."""
+    def add(self, hold_s: float, requests: float = 1.0, *, dropped: bool | None = None,
+            start: str | None = None) -> None:
+        """`requests` held for `hold_s`; `dropped` (default: held longer than `max_hold_s`): answered 503.
+        `start`: where the wake they waited for landed its first replica, "slot" or "node" (`WAKE_STARTS`)."""
         if requests > 0:
             self._holds_s.append(hold_s)
             self._weights.append(requests)
+            self._starts.append(start)
             if hold_s > self.max_hold_s if dropped is None else dropped:
                 self._dropped += requests
 
     def figures(self) -> dict:
         holds, weights = np.array(self._holds_s), np.array(self._weights)
         total = float(weights.sum())
+        by_start = {}
+        for start in WAKE_STARTS:
+            mine = np.array([s == start for s in self._starts], dtype=bool)
+            if mine.any():
+                by_start[start] = {"held_requests": round(float(weights[mine].sum()), 1),
+                                   "hold_p50_s": _quantile(holds[mine], weights[mine], 0.5),
+                                   "hold_p99_s": _quantile(holds[mine], weights[mine], 0.99)}
         return {
             "held_requests": round(total, 1),
             "hold_p50_s": _quantile(holds, weights, 0.5),
             "hold_p99_s": _quantile(holds, weights, 0.99),
             "dropped_held": round(self._dropped, 1),
             "max_hold_s": round(self.max_hold_s, 1),
+            **({"by_start": by_start} if by_start else {}),
         }
+
+
+def wake_start(state: ClusterState) -> str:
+    """Where a wake from zero lands its first replica: a free warm or idle slot, else a new node."""
+    return "slot" if state.warm_slots_ready + state.idle_slots > 0 else "node"
 
 
 def _quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float | None:

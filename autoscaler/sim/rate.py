@@ -42,7 +42,7 @@ import numpy as np
 
 from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
-from autoscaler.sim.hold import Holds
+from autoscaler.sim.hold import Holds, wake_start
 from autoscaler.sim.workload import RateWorkload
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
@@ -173,7 +173,7 @@ class RateSim:
         self._shares: dict[int, list[float]] = {}
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
         self.holds = Holds(max_hold_s) if max_hold_s is not None else None
-        self._pending: list[tuple[float, float]] = []  # (requests, held since) while no replica is ready
+        self._pending: list[tuple[float, float, str]] = []  # (requests, held since, wake start) at 0 ready
 
     total = property(lambda self: np.array(self._total))
     met = property(lambda self: np.array(self._met))
@@ -210,7 +210,7 @@ class RateSim:
             arrival_rate_per_s=Sample(_total(by_class), now),
             service_time_s=Sample(float(self.w.service_s[self._window(now - self.tick_s)]), now),
             arrival_rate_by_priority=dict(zip(self.classes, by_class)),
-            held_requests=Sample(sum(r for r, _ in self._pending), now) if self.holds is not None else None,
+            held_requests=Sample(sum(r for r, _, _ in self._pending), now) if self.holds is not None else None,
         )
 
     def serve(
@@ -354,23 +354,24 @@ class RateSim:
         at the first Ready of the tick (its start if one is ready then)."""
         assert self.holds is not None
         if admitted > 0 and cluster.ready(start + (end - start) / 2) == 0:
-            self._pending.append((admitted, start + (end - start) / 2))
+            wake = self._pending[0][2] if self._pending else wake_start(cluster.state())
+            self._pending.append((admitted, start + (end - start) / 2, wake))
         ready_at = start if cluster.ready(start) else min(cluster.ready_times_between(start, end), default=None)
         if ready_at is None:
             return
         keep = []
-        for requests, since in self._pending:
+        for requests, since, wake in self._pending:
             if since <= ready_at:
-                self.holds.add(ready_at - since, requests)
+                self.holds.add(ready_at - since, requests, start=wake)
             else:
-                keep.append((requests, since))
+                keep.append((requests, since, wake))
         self._pending = keep
 
     def finish(self, end: float) -> None:
         """Requests still held at the end were held at least until then."""
         if self.holds is not None:
-            for requests, since in self._pending:
-                self.holds.add(end - since, requests)
+            for requests, since, wake in self._pending:
+                self.holds.add(end - since, requests, start=wake)
             self._pending = []
 
     def outcome(self) -> dict:

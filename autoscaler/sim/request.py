@@ -43,7 +43,7 @@ import numpy as np
 
 from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
-from autoscaler.sim.hold import Holds
+from autoscaler.sim.hold import Holds, wake_start
 from policies.release import PerReplica, ReleaseOrder, room
 from autoscaler.sim.workload import RequestWorkload
 from policies.admission import carried_queue
@@ -130,6 +130,8 @@ class RequestSim:
         self._holding: ReleaseOrder[int] = ReleaseOrder()  # held now, in release order
         self._per: PerReplica | None = None  # what a Ready replica takes, from the latest decision with one
         self._answers: list[tuple[float, int]] = []  # (when, class) a held request was answered, in time order
+        self.wake_start: list[str | None] = [None] * n  # a held request's wake: its first replica on a slot or node
+        self._wake: str | None = None  # the wake in progress
 
     # -- what the controller sees ---------------------------------------------------------------------------
     def signals(self, now: float, cluster: Cluster) -> Signals:
@@ -265,7 +267,10 @@ class RequestSim:
                     self._probed, self._since = (len(queue), busy, t), 0
                     self._next_probe = (t // self.probe_s + 1) * self.probe_s
                 if holding and (cap == 0 or self._holding):  # held: answered on its release
+                    if not self._holding and cap == 0:  # the first request of a wake
+                        self._wake = wake_start(cluster.state())
                     self.held[j] = True
+                    self.wake_start[j] = self._wake
                     self._holding.push(-prio[j], j)
                 elif not admitted(j, t):
                     continue
@@ -360,6 +365,6 @@ class RequestSim:
         if self.max_hold_s is None:
             return {}
         holds = Holds(self.max_hold_s)
-        for hold_s, dropped in zip(self.hold_s[self.held & ~self.shed], self.dropped[self.held & ~self.shed]):
-            holds.add(float(hold_s), dropped=bool(dropped))
+        for j in np.flatnonzero(self.held & ~self.shed):
+            holds.add(float(self.hold_s[j]), dropped=bool(self.dropped[j]), start=self.wake_start[j])
         return {"hold": holds.figures()}

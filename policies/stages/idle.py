@@ -9,7 +9,9 @@ Off unless `idle_after_s` is set: the stage then leaves the tick exactly as the 
 - at zero: no demand -> stays at 0 (the forecast alone does not wake a model; missing data does not
   either: staying at zero is not a scale-down). Demand of any kind (a request arriving, a queue, in-flight
   requests or a held request) -> at least one replica at once, with no stabilization and no burst
-  confirmation: a held request waits for exactly one cold start, not one more for the confirmation.
+  confirmation: a held request waits for exactly one cold start, not one more for the confirmation. The
+  wake's line and the decision's `wake_start` (while the wake lasts) say where its first replica lands:
+  "slot", a free warm or idle slot (a pod start-up), or "node", a new node first (the lead time's).
 - waking (from the wake until every replica ordered is Ready or the queue is empty,
   `PolicyState.woke_at_s`): at most what the arrival rate needs (or the forecast, if higher). The queue
   that builds during the cold start is held demand, not load: sizing to drain it within the SLO ordered
@@ -71,12 +73,23 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         if tick.replicas == 0 and tick.capped:
             return tick.then(["idle: demand, but the GPU budget allows no replica"], state=state)
         seen = ", ".join(f"{name} {v:g}" for name, v in sorted(wanting.items()))
-        woken = tick.then([f"wake: {seen} at zero replicas"], state=replace(state, woke_at_s=tick.now))
+        onto, how = landing(tick)
+        woken = tick.then([f"wake: {seen} at zero replicas", f"wake: {how}"],
+                          state=replace(state, woke_at_s=tick.now, woke_onto=onto))
         return waking(spec, woken)
     if tick.replicas >= 1 or tick.capped:
         return tick.then(state=state)
     return tick.then([f"idle: demand within the last {spec.idle_after_s:.0f} s: keeping 1 replica"],
                      state=state, replicas=1)
+
+
+def landing(tick: Tick) -> tuple[str, str]:
+    """Where a wake's first replica lands, and the line that says so: "slot" when a warm or idle slot is free
+    (the lead time is a pod start-up), else "node" (it waits for a new node too)."""
+    if tick.lead_s > tick.startup_s:
+        return "node", (f"no warm or idle slot free: a new node, {tick.startup_s:.0f} s start-up + "
+                        f"{tick.node_s:.0f} s node provisioning")
+    return "slot", f"onto a free warm or idle slot: {tick.startup_s:.0f} s start-up"
 
 
 def still_waking(tick: Tick) -> float | None:
