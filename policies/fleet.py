@@ -68,6 +68,12 @@ replicas. Without drains (the benchmark's simulator, where a reclaimed GPU is fr
 ranks early: ranking the whole need early there cost the lower tiers much and bought the top tier nothing
 (docs/fleet.md).
 
+Scale to zero. A model at zero (no replica wanted) has given its own warm slots back (policies/stages/idle.py).
+Its wake still needs one replica at once, and a cold start from zero lands on a warm slot (a pod start-up)
+or waits for a node. So the fleet counts, for each model at zero, a risk of `zero_wake_slots` (1) in the
+pooled need of its shape: pooled, N idle models' wakes need about sqrt(N) slots (with independent wakes),
+not N; the model's share of the pool is what covers it, within the budget left after every replica.
+
 Invariants (tests/test_fleet_policy.py, hypothesis): never above the fleet cap or a namespace cap; a
 level's allocation does not depend on any lower level's demand; equal weights at equal demand are within
 one replica; more GPUs never lower any model's replicas when all models share one replica shape (with
@@ -106,8 +112,13 @@ class FleetSpec:
     # default: in the one live fleet run with "tier" the lowest tier's critical class fell to 80.4 % (96-97 %
     # in the runs before) and the top tier's was not better (docs/closed-loop.md, "A fleet", run 10)
     warm_after: str = "last"
+    # A model at zero (no replica wanted: scaled to zero) gives its own warm slots back, and its wake's first
+    # replica is insured by the pooled warm capacity instead: a risk of this many slots in the pool (0: none).
+    zero_wake_slots: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.zero_wake_slots, int) or self.zero_wake_slots < 0:
+            raise ValueError(f"zero_wake_slots = {self.zero_wake_slots!r}: expected a whole number >= 0")
         if self.warm_after not in ("tier", "last", *self.classes):
             raise ValueError(f"warm_after = {self.warm_after!r}: expected 'tier', 'last' or one of {self.classes}")
 
@@ -577,6 +588,8 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         replicas={m.name: 0 for m in models},
         by_class={m.name: {} for m in models},
     )
+    at_zero = {m.name for m in models if m.replicas_wanted == 0 and m.warm_slots == 0 and spec.zero_wake_slots}
+    models = [replace(m, warm_slots=spec.zero_wake_slots) if m.name in at_zero else m for m in models]
     remaining = {m.name: dict(m.demand_replicas) for m in models}
     reclaim = _reclaim(models, budgets, state, now)
     _serve_nominal(spec, models, fill, remaining, reclaim, state.replicas)
@@ -598,7 +611,10 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
         share = pool.shares.get(m.name, 0)
         if share:
             reasons.append(f"warm pool: {share} of the {pool.slots[m.gpus_per_replica]} pooled "
-                           f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
+                           f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})"
+                           + (": at zero, for its wake's first replica" if m.name in at_zero else ""))
+        elif m.name in at_zero:
+            reasons.append("at zero: no pooled warm slot for its wake within the budget (a wake waits for a node)")
         if _short_of_fleet(m, fill):
             reasons.extend(r for t, r in ahead if t < m.tier)
         out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=share, shed=shed,

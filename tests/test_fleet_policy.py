@@ -196,6 +196,29 @@ def test_pooled_warm_capacity_is_below_the_sum_and_within_the_budget():
     assert "capped by the budget" in tight.reasons[0]
 
 
+def test_models_at_zero_have_their_wakes_insured_by_the_pooled_warm_capacity():
+    """Four models at zero (no replica wanted) and one serving with a warm need of 2: the pool insures each
+    wake's first replica (a risk of 1 each) together with the growth risk, ceil(sqrt(4 + 4)) = 3 slots, not
+    4 + 2 = 6; each model at zero gets a share, and its reasons say so. With zero_wake_slots 0 (as before) only
+    the serving model's 2 are pooled. A budget with room for the replica and 1 slot leaves the others' wakes to
+    a new node, and their reasons say that too."""
+    models = [ModelDemand(f"idle{i}", demand()) for i in range(4)]
+    models.append(ModelDemand("busy", demand(critical=1), warm_slots=2))
+    pooled, _ = allocate(SPEC, models, Budgets(), FleetState(), 0.0)
+    assert pooled.warm_by_shape == {1: 3}
+    assert sum(pooled.models[f"idle{i}"].warm_slots for i in range(4)) >= 1
+    woken = next(m for m in pooled.models.values() if m.replicas == 0 and m.warm_slots)
+    assert any("at zero, for its wake's first replica" in r for r in woken.reasons), woken.reasons
+    before, _ = allocate(FleetSpec(warm_after="tier", zero_wake_slots=0), models, Budgets(), FleetState(), 0.0)
+    assert before.warm_by_shape == {1: 2} and all(before.models[f"idle{i}"].warm_slots == 0 for i in range(4))
+    tight, _ = allocate(SPEC, models, Budgets(fleet_gpus=2), FleetState(), 0.0)
+    assert tight.models["busy"].replicas == 1 and tight.warm_by_shape == {1: 1}
+    left = [m for name, m in tight.models.items() if name != "busy" and not m.warm_slots]
+    assert left and all("a wake waits for a node" in " ".join(m.reasons) for m in left)
+    with pytest.raises(ValueError, match="zero_wake_slots"):
+        FleetSpec(zero_wake_slots=-1)
+
+
 def test_reasons_name_the_budget_the_levels_and_the_shedding():
     models = [ModelDemand("model-a", demand(critical=4, standard=4), tier=0),
               ModelDemand("model-b", demand(critical=2, standard=2, sheddable=4), tier=1)]
