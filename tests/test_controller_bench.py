@@ -15,6 +15,9 @@ def test_controller_bench_runs_every_part(capsys):
     assert re.search(r"resident memory: \d+ MB at start; \d+ MB after 4 simulated ticks .*; \d+ MB after 300 "
                      r"simulated ticks \(1.25 h\); a second model's controller over as many ticks adds -?[\d.]+ MB",
                      out), out
+    floor = re.search(r"a fresh process: (\d+) MB after `autoscaler run`'s imports, (\d+) MB with the statsmodels "
+                      r"stack its first refit imports", out)
+    assert floor and 0 < int(floor[1]) < int(floor[2]), out
 
 
 
