@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +252,10 @@ class Tick:
         return _copy(self, _TICK_FIELDS, changes)
 
 
-def _copy(value: Any, names: frozenset[str], changes: dict[str, Any]) -> Any:
+_Frozen = TypeVar("_Frozen")
+
+
+def _copy(value: _Frozen, names: frozenset[str], changes: dict[str, Any]) -> _Frozen:
     """A new frozen dataclass of `value`'s class with its fields and `changes`, by two C-level updates of the
     instance dict; a name outside `names` (the class's fields) is a TypeError, as in `dataclasses.replace`."""
     unknown = changes.keys() - names
