@@ -19,7 +19,6 @@ holds, confirmed first, is served one confirmation window later, all of it queue
 
 from __future__ import annotations
 
-
 from policies.spec import PolicySpec
 from policies.types import Tick
 

@@ -12,7 +12,6 @@ in a row take 1.0 to 1.05^5 ~ 1.28; with a 0.002 decay it then takes ~120 quiet 
 
 from __future__ import annotations
 
-
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
 

@@ -23,7 +23,6 @@ binds (a wake beyond the budget is named, not ordered).
 
 from __future__ import annotations
 
-
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick

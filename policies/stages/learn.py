@@ -7,7 +7,6 @@ to size on, the decision holds (`valid=False`)."""
 
 from __future__ import annotations
 
-
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.leadtime import remember_node_waits, remember_startups

@@ -12,7 +12,6 @@ Free capacity that already exists (idle node slots) counts against the pool; the
 
 from __future__ import annotations
 
-
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
