@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -112,11 +112,12 @@ class ReplicaWatch:
 
 @dataclass
 class KedaMode:
-    """What a KEDA-mode stack adds: the scaler's port (the controller's `keda.port`) and the replicas' watch."""
+    """What a KEDA-mode stack adds: the scaler's port (the controller's `keda.port`), the replicas' watch and
+    the ScaledObject to apply."""
 
     port: int
     watch: ReplicaWatch
-    scaled_object: dict = field(default_factory=dict)
+    scaled_object: dict
 
     def apply(self, cp: ControlPlane, *, timeout_s: float = 60.0) -> None:
         """Apply the ScaledObject and wait until KEDA reports it Ready (its HPA made, the scaler reached)."""
