@@ -24,6 +24,9 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   start (`max_hold_s` 600 s: what the default, the learned cold start plus 60 s, comes to on this cluster).
 - `scale-to-zero-warm`: the same with one warm slot pooled for the model (a placeholder outside its
   controller's warm pool, which scale to zero leaves in place): the wake is a pod start-up.
+- `scale-to-zero-keda`: `scale-to-zero` with the controller in KEDA mode: KEDA's operator, metrics adapter
+  and HPA scale the model (the shipped ScaledObject at `minReplicaCount: 0`); the first held request must
+  scale it from zero within 1 s of wall clock (StreamIsActive pushes true).
 - `fleet`: three models behind one gateway under one fleet controller, each in its namespace with its own
   demand (`FleetModel`), on one NodePool whose GPU limit the fleet's budget equals: `batch` (tier 2) bursts
   to 4x at minutes 10-12 and borrows the GPUs the others free; `chat` (tier 0) doubles at minutes 19-22 while
@@ -148,6 +151,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the twin has no slot outside the policy's warm pool: it would predict a node's wait
     Scenario("scale-to-zero-warm", ZERO_PROFILE, checks.scale_to_zero_warm, windows=ZERO_WINDOWS,
              config=MappingProxyType({**ZERO_CONFIG, "pooled_warm_slots": 1}), twin_checked=False),
+    # the same in KEDA mode: KEDA's operator and HPA scale, the held request wakes it through StreamIsActive
+    Scenario("scale-to-zero-keda", ZERO_PROFILE, checks.scale_to_zero_keda, windows=ZERO_WINDOWS,
+             config=MappingProxyType({**ZERO_CONFIG, "mode": "keda"})),
     # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
     # start; chat doubles (minutes 19-22) while the limit binds
     Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,

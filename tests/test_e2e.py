@@ -101,7 +101,8 @@ def test_every_scenario_is_one_object_whose_windows_and_actions_lie_within_its_l
     from loadtest.e2e import checks
 
     assert set(scenarios.SCENARIOS) == {"doubling", "short-burst", "diurnal-down", "no-capacity", "controller-restart",
-                                        "scale-to-zero", "scale-to-zero-warm", "fleet", "fleet-smoke"}
+                                        "scale-to-zero", "scale-to-zero-warm", "scale-to-zero-keda", "fleet",
+                                        "fleet-smoke"}
     for name, scenario in scenarios.SCENARIOS.items():
         end_min = scenario.profile.span_s / 60
         assert all(0 <= lo < hi <= end_min for lo, hi in scenario.windows.values()), name

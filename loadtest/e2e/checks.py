@@ -283,6 +283,19 @@ def scale_to_zero_warm(context: CheckContext) -> list[dict]:
     return _to_zero(context) + [_cold_start(context, node_s=0.0)]
 
 
+MAX_WAKE_S = 1.0  # wall clock: KEDA mode scales a model at zero within this of a held request (issue 26)
+
+
+def scale_to_zero_keda(context: CheckContext) -> list[dict]:
+    """`scale_to_zero`, and the wake pushed through StreamIsActive within `MAX_WAKE_S` of wall clock
+    (`wake_to_scale_s`, `loadtest.e2e.kedamode.wake_figures`)."""
+    took, replicas = context.doc.get("wake_to_scale_s"), context.doc.get("replicas_at_first_held")
+    return scale_to_zero(context) + [_check(
+        f"a held request scales the Deployment from 0 within {MAX_WAKE_S:g} s of wall clock (StreamIsActive)",
+        took is not None and took <= MAX_WAKE_S,
+        f"{took} s from the first held request to spec.replicas > 0 ({replicas} replicas when it was sent)")]
+
+
 
 # --- A fleet (`fleet`): several models under one fleet controller, one GPU limit --------------------------
 # The run's `doc` is `loadtest.e2e.fleetrun`'s: per-model figures under "models", the fleet's under "fleet";

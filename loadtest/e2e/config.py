@@ -43,6 +43,9 @@ class E2EConfig:
     # pool (placeholders pooled for it by the fleet), which scale to zero leaves in place.
     max_hold_s: float | None = None
     pooled_warm_slots: int = 0
+    # "actuate": the controller scales the Deployment; "keda": it publishes over gRPC and KEDA's operator and
+    # HPA scale it (`loadtest.e2e.kedamode`)
+    mode: str = "actuate"
 
     def spec(self) -> PolicySpec:
         """The predictive policy at factor 1 (what the simulator runs)."""

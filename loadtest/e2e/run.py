@@ -18,6 +18,7 @@ from loadtest.e2e.checks import CheckContext
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.fleetrun import run_fleet_scenario
 from loadtest.e2e.figures import annotate_holds, client_figures, gaps, gpu_hours, holds, node_timings, wake
+from loadtest.e2e.kedamode import wake_figures
 from loadtest.e2e.stack import Stack, stack
 from loadtest.e2e.twin import requests_of, simulate, twin
 from loadtest.loadgen import write_requests
@@ -90,6 +91,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         timeline.append(st.sample())
         events = st.events()
         lifetimes = dict(st.lifetimes)
+        replica_changes = list(st.keda.watch.changes) if st.keda else None
         logs = {c.name: c.log.read_text() for c in st.controllers}
         endpoint_holds = sum(v for c in st.controllers for k, v in c.metrics().items()
                              if k.startswith("autoscaler_admission_hold_seconds_count"))
@@ -122,6 +124,9 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     }
     if "burst" in scenario.windows:  # scale to zero: the burst after the silence wakes the model
         doc.update(wake(records, timeline, after_s=scenario.windows["burst"][0] * 60.0))
+        if replica_changes is not None:  # KEDA mode: the wake pushed through StreamIsActive, on the wall clock
+            doc.update(wake_figures(records, replica_changes, start_at=start_at, factor=factor,
+                                    after_s=scenario.windows["burst"][0] * 60.0))
     context = CheckContext(doc=doc, timeline=timeline, events=events, records=records, logs=logs,
                            fleet_events=fleet_events, config=config, sim=sim, windows=scenario.windows)
     doc["checks"] = scenario.check(context) + checks.common(context, twin=scenario.twin_checked)

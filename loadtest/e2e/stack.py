@@ -2,6 +2,8 @@
 
     control plane (etcd, apiserver, scheduler, controller-manager, kwok)  +  Karpenter (kwok provider)
     the model Deployment  <-  `autoscaler run` (actuate mode, its own process, a config file; two on one Lease)
+                          <-  or KEDA's operator, adapter and HPA, fed by `autoscaler run` in keda mode
+                              (`E2EConfig.mode`, `loadtest.e2e.kedamode`)
     fleet (loadtest.fleet: a fake vLLM server per Ready pod)  <-  nginx (the shipped gateway, auth_request
     to the controllers' admission endpoints)  <-  load generator (loadtest.loadgen)
     Prometheus (file_sd over the fleet)  ->  the controllers
@@ -26,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from autoscaler.kube.pods import pod_facts
+from loadtest.e2e import kedamode
 from loadtest.e2e.config import E2EConfig
 from loadtest.gateway import gateway
 from loadtest.kube.controlplane import ControlPlane, control_plane
@@ -41,6 +44,7 @@ MODEL_PORT = 8000
 # The control plane and Karpenter yield the CPU to the data path (gateway, servers, controller, load): at a
 # time compression of 10, a 0.2-s stall of a model server is a 2-s queue wait, the whole SLO.
 CONTROL_PLANE_NICENESS = 5
+HPA_SYNC_S = 15.0  # kube-controller-manager's default HPA sync period (KEDA mode's HPA), compressed
 
 
 def model_deployment(config: E2EConfig, replicas: int) -> dict:
@@ -89,11 +93,14 @@ def pooled_placeholders(config: E2EConfig, slots: int) -> dict:
     }
 
 
-def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission_port: int) -> dict:
+def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission_port: int,
+                      keda_port: int | None = None) -> dict:
+    """`keda_port`: KEDA mode, the gRPC scaler's port; None: actuate mode."""
     f = config.factor
     return {
         "target": {"namespace": NAMESPACE, "name": MODEL},
         "mode": "actuate",
+        **(kedamode.controller_section(keda_port) if keda_port is not None else {}),
         "http_port": http_port,
         "prometheus": {
             "url": prom, "selector": f'namespace="{NAMESPACE}"', "timeout_s": max(0.2, config.tick_s / f / 3),
@@ -169,6 +176,7 @@ class Stack:
     prometheus_url: str
     work: Path
     started: float = 0.0  # wall clock of scenario t = 0
+    keda: kedamode.KedaMode | None = None  # KEDA mode: the scaler's port, the ScaledObject, the replicas' watch
     # (kind, uid) -> {"created", "ready", "gone", "gpus", ...}; kind: model, placeholder, node, claim
     lifetimes: dict = field(default_factory=dict)
 
@@ -280,7 +288,8 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.25, what: str = "c
 def cluster(config: E2EConfig, exit_stack: contextlib.ExitStack) -> tuple:
     """The control plane and Karpenter (the NodePool's limit and timings compressed), stopped by `exit_stack`."""
     f = config.factor
-    cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS))
+    cp = exit_stack.enter_context(control_plane(with_pods=True, niceness=CONTROL_PLANE_NICENESS,
+                                                hpa_sync_s=HPA_SYNC_S / f))
     karp = exit_stack.enter_context(karpenter(
         cp, shape=config.node_shape, gpu_limit=config.gpu_limit, node_start_s=config.node_provisioning_s / f,
         consolidate_after_s=config.node_idle_s / f))
@@ -301,6 +310,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
         cp.apply(model_deployment(config, initial_replicas))
         if config.pooled_warm_slots:
             cp.apply(pooled_placeholders(config, config.pooled_warm_slots))
+        keda = (exit_stack.enter_context(kedamode.keda_mode(config, cp, namespace=NAMESPACE, name=MODEL))
+                if config.mode == "keda" else None)
         targets = work / "targets.json"
         upstreams = work / "upstreams.conf"
         targets.write_text("[]")
@@ -311,7 +322,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             http, admission = free_port(), free_port()
             path = work / f"controller-{i}.yaml"
             path.write_text(yaml.safe_dump(controller_config(config, prom=prom, http_port=http,
-                                                             admission_port=admission)))
+                                                             admission_port=admission,
+                                                             keda_port=keda.port if keda else None)))
             ctrls.append(ControllerProcess(f"controller-{i}", path, http, admission, work / f"controller-{i}.log"))
         url, nginx_pid = exit_stack.enter_context(gateway(
             admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams,
@@ -325,7 +337,7 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
              "--events-file", str(work / "fleet.jsonl"), "--service-port", str(free_port())],
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
-        st = Stack(config, cp, karp, ctrls, url, prom, work)
+        st = Stack(config, cp, karp, ctrls, url, prom, work, keda=keda)
         wait_until(lambda: st.sample()["model"]["ready"] >= initial_replicas, 120 + 2 * (config.node_provisioning_s
                    + config.startup_s * 1.5) / f, what=f"{initial_replicas} model replicas Ready")
         wait_until(lambda: st.sample()["pooled"]["ready"] >= config.pooled_warm_slots,
@@ -338,6 +350,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             exit_stack.callback(c.stop)
         for c in ctrls:
             c.wait_ready()
+        if keda is not None:
+            keda.apply(cp)
         yield st
         for c in ctrls:
             c.stop()

@@ -7,8 +7,6 @@ to size on, the decision holds (`valid=False`)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.leadtime import remember_node_waits, remember_startups
@@ -21,8 +19,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     clean, state = tick.clean, tick.state
     assert clean is not None
     service_s = learn_service_time(spec, state.service_time_s, clean)
-    state = replace(
-        state,
+    state = state.changed(
         service_time_s=service_s,
         forecast=fc.observe(spec, state.forecast, clean.arrival_rate_per_s, tick.now),
         startup_samples_s=remember_startups(spec, state.startup_samples_s, clean),

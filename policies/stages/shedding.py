@@ -28,7 +28,6 @@ requests, standard at ~1463.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from policies.queueing import rate_within_slo
 from policies.spec import PolicySpec
@@ -98,4 +97,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     assert tick.clean is not None and tick.clean.cluster is not None
     shed, why = shed_levels(spec, tick.clean, tick.service_s)
     depths = saturation_depths(spec, tick.clean.cluster.ready_replicas, tick.service_s)
-    return tick.then(why, shed=shed, saturation_depths=depths, state=replace(tick.state, shed=shed))
+    return tick.then(why, shed=shed, saturation_depths=depths, state=tick.state.changed(shed=shed))
