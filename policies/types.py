@@ -139,6 +139,10 @@ class ForecastState:
     # silence however long, and when traffic came back after it (see forecast.py, "Silence").
     interrupted_per_s: float | None = None
     returned_at_s: float | None = None
+    # Conformal calibration of the upper bound at the lead time (see forecast.py, "Calibration"): the bounds
+    # issued and not yet due, as (due time, upper bound), and the scores observed rate / bound of those due.
+    issued: tuple[tuple[float, float], ...] = ()
+    scores: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ from dataclasses import replace
 import numpy as np
 
 from policies.spec import PolicySpec
+from policies.stages import calibration
 from policies.types import ForecastState
 
 # A damped Holt fit estimates five numbers (initial level and trend, their two smoothing weights, the
@@ -226,10 +227,11 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
         since = fs.outage_since_s if fs.outage_since_s is not None else now
         if fs.interrupted_per_s is None or fs.returned_at_s is not None:
             fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None)
-        if now - since < spec.outage_hold_s:
-            return replace(fs, outage_since_s=since)  # not learned: the forecast holds
+        if now - since < spec.outage_hold_s:  # not learned, not scored: the forecast holds
+            return replace(calibration.scored(spec, fs, None, now), outage_since_s=since)
     elif fs.outage_since_s is not None:
         fs = replace(fs, outage_since_s=None)
+    fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
     ratios = fs.ratios
