@@ -43,6 +43,14 @@ Both mistakes have a price: taking a return that fades for the old level pays on
 fleet's GPUs; taking a return that holds for a burst pays a cold start of missed requests (a model whose
 forecast learned hours of zeros orders nothing until the burst is confirmed, then follows the rate up).
 The memory is dropped `burst_lookback_s` after the return.
+
+Through the silence (after the outage hold, for at most one season from its start: by then a day has
+passed without the traffic), the capacity the highest priority class needs for its share of the
+interrupted rate is kept (`kept_through_silence`): that class must not meet a cold start when the level
+returns, and the lower classes are guarded hard while the rest of the fleet comes (stage shedding). The
+price of each mistake: a day of that class's replicas if the traffic never returns; a cold start of
+misses for the class that must not miss if it does and nothing was kept (on `scenario:silence`, critical
+95.7 % with the floor of one replica).
 """
 
 from __future__ import annotations
@@ -212,8 +220,11 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
     return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
 
 
-def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> ForecastState:
-    """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned)."""
+def observe(
+    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, top_share: float | None = None
+) -> ForecastState:
+    """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned);
+    `top_share`: the highest priority class's share of this tick's arrivals, if measured."""
     fs = _close_buckets(spec, fs, now)
     wanted = _wanted_kind(spec, len(fs.history))
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
@@ -226,11 +237,14 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
     if _implausible_drop(spec, fs, rate):
         since = fs.outage_since_s if fs.outage_since_s is not None else now
         if fs.interrupted_per_s is None or fs.returned_at_s is not None:
-            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None)
+            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None, interrupted_at_s=now,
+                         interrupted_top_ratio=fs.top_share_ratio)
         if now - since < spec.outage_hold_s:  # not learned, not scored: the forecast holds
             return replace(calibration.scored(spec, fs, None, now), outage_since_s=since)
     elif fs.outage_since_s is not None:
         fs = replace(fs, outage_since_s=None)
+    if top_share is not None:
+        fs = replace(fs, top_share_ratio=top_share)
     fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
@@ -264,6 +278,22 @@ def returning(fs: ForecastState, now: float, within_s: float) -> float | None:
     if fs.interrupted_per_s is None or fs.returned_at_s is None or now - fs.returned_at_s >= within_s:
         return None
     return fs.interrupted_per_s
+
+
+def returning_cold(spec: PolicySpec, fs: ForecastState, now: float, within_s: float) -> bool:
+    """Traffic back within the last `within_s` after a silence that outlasted the outage hold, when the
+    capacity held for it had been released (a shorter one returns to the capacity the hold kept)."""
+    return (returning(fs, now, within_s) is not None and fs.interrupted_at_s is not None
+            and fs.returned_at_s is not None and fs.returned_at_s - fs.interrupted_at_s >= spec.outage_hold_s)
+
+
+def kept_through_silence(spec: PolicySpec, fs: ForecastState, now: float) -> float | None:
+    """The rate the highest class sent before a silence, while the silence lasts past the outage hold and
+    for at most one season (`season_s`) from its start (see the module docstring); None otherwise."""
+    if (fs.interrupted_per_s is None or fs.returned_at_s is not None or fs.interrupted_top_ratio is None
+            or fs.interrupted_at_s is None or now - fs.interrupted_at_s >= spec.season_s):
+        return None
+    return fs.interrupted_per_s * fs.interrupted_top_ratio
 
 
 def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:

@@ -13,6 +13,7 @@ from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages.leadtime import remember_node_waits, remember_startups
 from policies.stages.reactive import learn_service_time
+from policies.stages.shedding import top_share
 from policies.types import Tick
 
 
@@ -24,7 +25,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     state = replace(
         state,
         service_time_s=service_s,
-        forecast=fc.observe(spec, state.forecast, clean.arrival_rate_per_s, tick.now),
+        forecast=fc.observe(spec, state.forecast, clean.arrival_rate_per_s, tick.now,
+                            top_share(spec, clean.arrival_rate_by_priority)),
         startup_samples_s=remember_startups(spec, state.startup_samples_s, clean),
         node_wait_samples_s=remember_node_waits(spec, state.node_wait_samples_s, clean),
     )
