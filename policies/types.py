@@ -140,10 +140,10 @@ class ForecastState:
     interrupted_per_s: float | None = None
     returned_at_s: float | None = None
     interrupted_at_s: float | None = None  # when that silence began
-    # The highest priority class's share of arrivals, last measured, and its value when the silence began:
-    # the capacity kept through the silence for that class (forecast.py, "Silence").
-    top_share_ratio: float | None = None
-    interrupted_top_ratio: float | None = None
+    # The share of arrivals in the classes that are never shed, last measured, and its value when the
+    # silence began: the capacity kept through the silence for those classes (forecast.py, "Silence").
+    protected_share_ratio: float | None = None
+    interrupted_protected_ratio: float | None = None
     # Conformal calibration of the upper bound at the lead time (see forecast.py, "Calibration"): the bounds
     # issued and not yet due, as (due time, upper bound), and the scores observed rate / bound of those due.
     issued: tuple[tuple[float, float], ...] = ()

@@ -45,12 +45,13 @@ forecast learned hours of zeros orders nothing until the burst is confirmed, the
 The memory is dropped `burst_lookback_s` after the return.
 
 Through the silence (after the outage hold, for at most one season from its start: by then a day has
-passed without the traffic), the capacity the highest priority class needs for its share of the
-interrupted rate is kept (`kept_through_silence`): that class must not meet a cold start when the level
-returns, and the lower classes are guarded hard while the rest of the fleet comes (stage shedding). The
-price of each mistake: a day of that class's replicas if the traffic never returns; a cold start of
-misses for the class that must not miss if it does and nothing was kept (on `scenario:silence`, critical
-95.7 % with the floor of one replica).
+passed without the traffic), the capacity the classes that are never shed (the protected share, as for a
+one-off burst) need for their share of the interrupted rate is kept (`kept_through_silence`): they must
+not meet a cold start when the level returns, and the shed classes are guarded hard while the rest of the
+fleet comes (stage shedding). Without per-class rates before the silence nothing is kept (the floor, as
+before). The price of each mistake: a day of those replicas if the traffic never returns; a cold start of
+misses for the classes that must not miss if it does and nothing was kept (on `scenario:silence`,
+critical 95.5-95.9 % with the floor of one replica).
 """
 
 from __future__ import annotations
@@ -221,10 +222,10 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
 
 
 def observe(
-    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, top_share: float | None = None
+    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, protected: float | None = None
 ) -> ForecastState:
     """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned);
-    `top_share`: the highest priority class's share of this tick's arrivals, if measured."""
+    `protected`: the share of this tick's arrivals in classes that are never shed, if measured per class."""
     fs = _close_buckets(spec, fs, now)
     wanted = _wanted_kind(spec, len(fs.history))
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
@@ -238,13 +239,13 @@ def observe(
         since = fs.outage_since_s if fs.outage_since_s is not None else now
         if fs.interrupted_per_s is None or fs.returned_at_s is not None:
             fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None, interrupted_at_s=now,
-                         interrupted_top_ratio=fs.top_share_ratio)
+                         interrupted_protected_ratio=fs.protected_share_ratio)
         if now - since < spec.outage_hold_s:  # not learned, not scored: the forecast holds
             return replace(calibration.scored(spec, fs, None, now), outage_since_s=since)
     elif fs.outage_since_s is not None:
         fs = replace(fs, outage_since_s=None)
-    if top_share is not None:
-        fs = replace(fs, top_share_ratio=top_share)
+    if protected is not None:
+        fs = replace(fs, protected_share_ratio=protected)
     fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
@@ -288,12 +289,13 @@ def returning_cold(spec: PolicySpec, fs: ForecastState, now: float, within_s: fl
 
 
 def kept_through_silence(spec: PolicySpec, fs: ForecastState, now: float) -> float | None:
-    """The rate the highest class sent before a silence, while the silence lasts past the outage hold and
-    for at most one season (`season_s`) from its start (see the module docstring); None otherwise."""
-    if (fs.interrupted_per_s is None or fs.returned_at_s is not None or fs.interrupted_top_ratio is None
+    """The rate the classes that are never shed sent before a silence, while the silence lasts past the
+    outage hold and for at most one season (`season_s`) from its start (see the module docstring); None
+    otherwise, and when no per-class rates were measured before it."""
+    if (fs.interrupted_per_s is None or fs.returned_at_s is not None or fs.interrupted_protected_ratio is None
             or fs.interrupted_at_s is None or now - fs.interrupted_at_s >= spec.season_s):
         return None
-    return fs.interrupted_per_s * fs.interrupted_top_ratio
+    return fs.interrupted_per_s * fs.interrupted_protected_ratio
 
 
 def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:

@@ -15,7 +15,7 @@ used is the raw one times the `burst_quantile` of the scores.
 Traffic back after a silence (`forecast.returning`): for one lead time from its first tick, the forecast is
 at least the rate the silence interrupted, so the fleet for it is ordered at once instead of after a burst
 confirmation on a model that learned hours of zeros. Through such a silence, once it outlasts the outage
-hold, the forecast is at least what the highest class sent of the interrupted rate
+hold, the forecast is at least what the classes never shed sent of the interrupted rate
 (`forecast.kept_through_silence`).
 """
 
@@ -84,7 +84,7 @@ def _calibrated(spec: PolicySpec, fs: ForecastState, predicted: tuple[float, flo
 
 def _after_silence(spec: PolicySpec, tick: Tick, predicted: tuple[float, float]
                    ) -> tuple[tuple[float, float], list[str]]:
-    """The forecast through a silence (at least what its highest class sent) and when traffic is back
+    """The forecast through a silence (at least what its protected classes sent) and when traffic is back
     after it (at least the rate it interrupted, for one lead time from the return; see the module
     docstring)."""
     fs = tick.state.forecast
@@ -92,9 +92,9 @@ def _after_silence(spec: PolicySpec, tick: Tick, predicted: tuple[float, float]
     if kept is not None and kept > predicted[1]:
         assert fs.interrupted_per_s is not None  # kept_through_silence checked it
         return (predicted[0], kept), [
-            f"forecast: silence: keeping capacity for the {kept:.1f} req/s the highest class sent of the "
+            f"forecast: silence: keeping capacity for the {kept:.1f} req/s the classes never shed sent of the "
             f"{fs.interrupted_per_s:.1f} req/s it interrupted (if it never returns: up to a day of these GPUs; "
-            f"if it does and nothing was kept: a cold start of misses for the class that must not miss)"]
+            f"if it does and nothing was kept: a cold start of misses for the classes that must not miss)"]
     back = fc.returning(fs, tick.now, tick.lead_s)
     if back is None or back <= predicted[1]:
         return predicted, []

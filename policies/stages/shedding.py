@@ -25,12 +25,12 @@ replicas x 16 slots, 0.7 s per request, 2 s SLO: sheddable guarded at 640 x 0.5 
 requests, standard at ~1463.
 
 Traffic back after a silence that outlasted the outage hold meets a fleet sized for the silence (its
-capacity released, the highest class's kept: `forecast.kept_through_silence`). For one lead time from
+capacity released, the protected classes' kept: `forecast.kept_through_silence`). For one lead time from
 the return, while the capacity ordered for it comes, every guarded class is rejected at a queue of 1:
 the highest class then waits behind no other, in a server that serves first come first served. On
 `scenario:silence` seed 1, 7 replicas through the silence (`min_replicas: 7`) without the hard guard left
 critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth
-in front of it; with the guard, 100 %.
+in front of it.
 """
 
 from __future__ import annotations
@@ -66,15 +66,6 @@ def protected_share(spec: PolicySpec, rates: Mapping[str, float]) -> float:
     kept = sum(v for name, v in rates.items() if spec.priorities.get(name, spec.shed_priority_below)
                >= spec.shed_priority_below)
     return kept / total
-
-
-def top_share(spec: PolicySpec, rates: Mapping[str, float]) -> float | None:
-    """The highest priority class's share of arrivals (None without per-class rates or arrivals)."""
-    total = sum(rates.values())
-    if total <= 0:
-        return None
-    top = max(spec.priorities.values(), default=0)
-    return sum(v for name, v in rates.items() if spec.priorities.get(name) == top) / total
 
 
 def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[str, float], list[str]]:
