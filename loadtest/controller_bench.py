@@ -10,7 +10,9 @@
 3. Resident memory of a controller after one hour (240 ticks) and after one day (5,760 ticks) of
    simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits;
    then a second controller (another model) run as long beside it, whose growth of the process's
-   resident memory is the per-model cost of serving several models from one process.
+   resident memory is the per-model cost of serving several models from one process. This process also
+   holds the benchmark's own modules, so a fresh process then imports only what `autoscaler run` imports
+   (`autoscaler.runtime`), and then the statsmodels stack the first refit imports: the controller's floor.
 4. With --targets: the fleet controller at each N models (`fleetscale.py`: real apiserver with N Deployments
    and ModelAutoscalers, real Prometheus with N models' series), each N in its own process (so its resident
    memory is its own); a table, or with --json one JSON object per N.
@@ -179,6 +181,28 @@ async def memory(ticks_per_report: list[int]) -> tuple[list[tuple[int, float]], 
     return out, rss_mb() - before
 
 
+# Run in a fresh interpreter: RSS after `autoscaler run`'s imports, then after the first refit's.
+_IMPORTS_RSS = """
+def rss_mb():
+    return next(int(line.split()[1]) / 1024.0 for line in open("/proc/self/status") if line.startswith("VmRSS:"))
+import autoscaler.runtime
+print(rss_mb())
+import statsmodels.tsa.holtwinters
+print(rss_mb())
+"""
+
+
+def controller_imports_mb() -> tuple[float, float]:
+    """Resident memory of a fresh process after importing what `autoscaler run` imports, and after the
+    statsmodels stack a refit imports."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _IMPORTS_RSS], check=True, stdout=subprocess.PIPE, text=True).stdout
+    runtime_mb, fitted_mb = (float(v) for v in out.split())
+    return runtime_mb, fitted_mb
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.controller_bench", description=__doc__.splitlines()[0])
     p.add_argument("--ticks", type=int, default=300,
@@ -215,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
         f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
         + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
+    runtime_mb, fitted_mb = controller_imports_mb()
+    print(f"a fresh process: {runtime_mb:.0f} MB after `autoscaler run`'s imports, {fitted_mb:.0f} MB with the "
+          f"statsmodels stack its first refit imports")
     return 0
 
 

@@ -190,7 +190,20 @@ HEADER = ("targets", "tick_p50_ms", "tick_p99_ms", "cpu_s_per_tick", "promql_que
 def table(rows: list[FleetFigures]) -> str:
     lines = [" | ".join(HEADER), " | ".join("---" for _ in HEADER)]
     lines += [" | ".join(str(asdict(row)[k]) for k in HEADER) for row in rows]
-    return "\n".join(lines)
+    per_model = per_model_line(rows)
+    return "\n".join(lines + ([per_model] if per_model else []))
+
+
+def per_model_line(rows: list[FleetFigures]) -> str | None:
+    """What one more model costs the fleet controller's process in resident memory: the slope between the
+    fewest and the most models measured (each N in its own process), so what every process holds anyway (the
+    interpreter, the libraries, the statsmodels stack) is left out. None with fewer than two distinct N."""
+    low, high = min(rows, key=lambda r: r.targets, default=None), max(rows, key=lambda r: r.targets, default=None)
+    if low is None or high is None or high.targets == low.targets:
+        return None
+    slope_mb = (high.rss_mb - low.rss_mb) / (high.targets - low.targets)
+    return (f"resident memory per model: {slope_mb * 1024:.0f} KB ({high.rss_mb:g} MB at {high.targets} models, "
+            f"{low.rss_mb:g} MB at {low.targets})")
 
 
 def to_json(row: FleetFigures) -> str:

@@ -18,7 +18,6 @@ Safety rules:
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from policies.sizing import replicas_for_rate
@@ -114,4 +113,4 @@ def _decision(spec: PolicySpec, tick: Tick) -> tuple[Decision, PolicyState]:
         capped_by_budget=tick.capped,
         reasons=tick.reasons,
     )
-    return decision, replace(tick.state, last_replicas=tick.replicas)
+    return decision, tick.state.changed(last_replicas=tick.replicas)

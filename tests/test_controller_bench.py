@@ -15,6 +15,9 @@ def test_controller_bench_runs_every_part(capsys):
     assert re.search(r"resident memory: \d+ MB at start; \d+ MB after 4 simulated ticks .*; \d+ MB after 300 "
                      r"simulated ticks \(1.25 h\); a second model's controller over as many ticks adds -?[\d.]+ MB",
                      out), out
+    floor = re.search(r"a fresh process: (\d+) MB after `autoscaler run`'s imports, (\d+) MB with the statsmodels "
+                      r"stack its first refit imports", out)
+    assert floor and 0 < int(floor[1]) < int(floor[2]), out
 
 
 
@@ -30,3 +33,17 @@ def test_the_fleet_scale_bench_runs_and_emits_its_figures(capsys):
     assert row["promql_queries_per_tick"] == row["signals"] == 7  # one query per signal, not per model
     assert row["apiserver_requests_per_tick"] == 0 and row["apiserver_writes_per_tick"] == 0
     assert 0 < row["tick_p50_ms"] <= row["tick_p99_ms"] and row["cpu_s_per_tick"] > 0 and row["rss_mb"] > 0
+
+
+def test_the_fleet_table_prints_what_one_more_model_costs_in_resident_memory():
+    from loadtest.fleetscale import FleetFigures, table
+
+    def row(targets: int, rss_mb: float) -> FleetFigures:
+        return FleetFigures(targets=targets, ticks=2, tick_p50_ms=1.0, tick_p99_ms=2.0, cpu_s_per_tick=0.01,
+                            promql_queries_per_tick=7, apiserver_requests_per_tick=0, apiserver_writes_per_tick=0,
+                            rss_mb=rss_mb, signals=7, models_decided_on_every_signal=targets, pods=False)
+
+    # 500 models at 250 MB, one at 150.2 MB: (250 - 150.2) / 499 MB = 204.8 KB a model.
+    assert table([row(1, 150.2), row(50, 160.0), row(500, 250.0)]).splitlines()[-1] == (
+        "resident memory per model: 205 KB (250 MB at 500 models, 150.2 MB at 1)")
+    assert "per model" not in table([row(50, 160.0)])  # one N: no slope

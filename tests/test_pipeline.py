@@ -108,3 +108,14 @@ def test_a_tick_copy_shares_nothing_mutable_with_its_original_and_checks_its_fie
         copy.replicas = 5  # type: ignore[misc]
     with pytest.raises(TypeError, match="no field"):
         tick.then(replica=2)
+
+
+def test_a_state_copy_is_the_value_replace_gives_frozen_and_checks_its_field_names():
+    state = initial_state()
+    copy = state.changed(last_replicas=4, seen=frozenset({"queue_depth"}))
+    assert copy == replace(state, last_replicas=4, seen=frozenset({"queue_depth"}))
+    assert type(copy) is type(state) and state.last_replicas is None and copy.__dict__ is not state.__dict__
+    with pytest.raises(AttributeError):
+        copy.last_replicas = 5  # type: ignore[misc]
+    with pytest.raises(TypeError, match="PolicyState has no field"):
+        state.changed(last_replica=4)

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from policies.spec import PolicySpec
 from policies.stages.sanitize import blocks_scale_down
@@ -91,4 +90,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         replicas = min(tick.current, spec.max_replicas)
         why.append("hold: not scaling down while demand signals are missing")
     why += [f"dropped {d}" for d in tick.clean.dropped]
-    return tick.then(why, replicas=replicas, state=replace(tick.state, recommendations=recommendations))
+    return tick.then(why, replicas=replicas, state=tick.state.changed(recommendations=recommendations))

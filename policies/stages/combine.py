@@ -19,8 +19,6 @@ holds, confirmed first, is served one confirmation window later, all of it queue
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.types import Tick
 
@@ -75,4 +73,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
                           now=tick.now, onto_free=tick.current + cluster.warm_slots_ready + cluster.idle_slots)
     if wanted is None:
         return tick.then(hold="nothing to size on")
-    return tick.then(why, replicas=wanted, state=replace(tick.state, reactive_recent=recent))
+    return tick.then(why, replicas=wanted, state=tick.state.changed(reactive_recent=recent))

@@ -12,8 +12,6 @@ in a row take 1.0 to 1.05^5 ~ 1.28; with a 0.002 decay it then takes ~120 quiet 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
 
@@ -40,5 +38,5 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     # headroom would not fix; a miss with its own last decision ready says the sizing was wrong.
     model_satisfied = cluster.ready_replicas >= (tick.state.last_replicas or cluster.spec_replicas)
     learned, why = slo_feedback(spec, tick.state.headroom_ratio, tick.clean, model_satisfied=model_satisfied)
-    state = replace(tick.state, headroom_ratio=learned)
+    state = tick.state.changed(headroom_ratio=learned)
     return tick.then(why, state=state, sizing=spec.capacity_ratio * learned)

@@ -23,8 +23,6 @@ binds (a wake beyond the budget is named, not ordered).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.types import Clean, Tick
@@ -55,11 +53,11 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         return tick
     assert tick.clean is not None
     since = idle_since(tick.clean, tick.state.idle_since_s, tick.now)
-    state = replace(tick.state, idle_since_s=since, woke_at_s=still_waking(tick))
+    state = tick.state.changed(idle_since_s=since, woke_at_s=still_waking(tick))
     if since is not None and tick.now - since >= spec.idle_after_s:
         why = [] if tick.replicas == 0 and tick.current == 0 else [
             f"idle for {tick.now - since:.0f} s: scaling to zero"]
-        return tick.then(why, state=replace(state, woke_at_s=None), replicas=0, warm=0, shed={},
+        return tick.then(why, state=state.changed(woke_at_s=None), replicas=0, warm=0, shed={},
                          saturation_depths={})
     wanting = demand(tick.clean)
     if tick.current == 0 and not wanting:
@@ -71,7 +69,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         if tick.replicas == 0 and tick.capped:
             return tick.then(["idle: demand, but the GPU budget allows no replica"], state=state)
         seen = ", ".join(f"{name} {v:g}" for name, v in sorted(wanting.items()))
-        woken = tick.then([f"wake: {seen} at zero replicas"], state=replace(state, woke_at_s=tick.now))
+        woken = tick.then([f"wake: {seen} at zero replicas"], state=state.changed(woke_at_s=tick.now))
         return waking(spec, woken)
     if tick.replicas >= 1 or tick.capped:
         return tick.then(state=state)

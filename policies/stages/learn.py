@@ -8,7 +8,6 @@ to size on, the decision holds (`valid=False`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
@@ -28,8 +27,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     clean, state = tick.clean, tick.state
     assert clean is not None
     service_s = learn_service_time(spec, state.service_time_s, clean)
-    state = replace(
-        state,
+    state = state.changed(
         service_time_s=service_s,
         forecast=fc.observe(spec, state.forecast, clean.arrival_rate_per_s, tick.now,
                             _protected(spec, clean.arrival_rate_by_priority)),

@@ -22,7 +22,6 @@ hold, the forecast is at least what the classes never shed sent of the interrupt
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
@@ -64,7 +63,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
             replicas += early
             lines.append(f"forecast: demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s; "
                          f"{early} replicas ordered now onto warm or idle slots")
-    state = tick.state if fs is tick.state.forecast else replace(tick.state, forecast=fs)
+    state = tick.state if fs is tick.state.forecast else tick.state.changed(forecast=fs)
     return tick.then(lines, quantiles=quantiles, predicted=predicted, predictive=replicas, state=state)
 
 

@@ -187,7 +187,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     state = tick.state
     clean, counter = sanitize(spec, tick.signals, state.last_counter, tick.now, state.seen)
     clean = nothing_serving(spec, clean, state.woke_at_s)
-    state = replace(state, last_counter=counter, seen=state.seen | present(tick.signals))
+    state = state.changed(last_counter=counter, seen=state.seen | present(tick.signals))
     current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
     hold = "no usable cluster state" if clean.cluster is None else None
     return tick.then(state=state, clean=clean, current=current, hold=hold)

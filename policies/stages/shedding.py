@@ -36,7 +36,6 @@ in front of it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from policies.queueing import rate_within_slo
 from policies.spec import PolicySpec
@@ -111,4 +110,4 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         depths = {name: 1 for name in depths}
         why.append(f"shedding: traffic back after a silence, its capacity on the way: {', '.join(sorted(depths))} "
                    "guarded at a queue of 1 for one lead time, so the highest class waits behind no other")
-    return tick.then(why, shed=shed, saturation_depths=depths, state=replace(tick.state, shed=shed))
+    return tick.then(why, shed=shed, saturation_depths=depths, state=tick.state.changed(shed=shed))

@@ -12,8 +12,6 @@ Free capacity that already exists (idle node slots) counts against the pool; the
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
@@ -53,8 +51,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
                        quantiles=tick.quantiles)
     peak_n = replicas_for_rate(spec, peak[1] * sizing, service_s) if peak else None
     if state.growth_risk is None or state.growth_risk_for_s != fs.bucket_start_s:
-        state = replace(state, growth_risk=growth_risk(spec, fs, tick.now, tick.node_s),
-                        growth_risk_for_s=fs.bucket_start_s)
+        state = state.changed(growth_risk=growth_risk(spec, fs, tick.now, tick.node_s),
+                              growth_risk_for_s=fs.bucket_start_s)
     assert state.growth_risk is not None
     risk, risk_why = state.growth_risk
     level = fc.level_now(fs, tick.clean.arrival_rate_per_s)
