@@ -72,6 +72,10 @@ class PolicySpec(BaseModel):
     refit_interval_s: float = Field(6 * 3600.0, gt=0, description="statsmodels refit schedule.")
     burst_lookback_s: float = Field(3600.0, gt=0, description="Window of observed/expected rate ratios.")
     burst_quantile: float = Field(0.99, gt=0.5, lt=1, description="Upper bound = forecast x this ratio quantile.")
+    calibrate_upper: bool = Field(
+        False, description="Multiply the upper forecast at the lead time by the burst_quantile of its own past "
+        "observed / bound scores over burst_lookback_s (split conformal; policies/stages/calibration.py)."
+    )
     burst_confirm_s: float | None = Field(
         None, ge=0, description="Reactive need above the forecast must persist this long to be provisioned "
         "(None: the learned pod start-up time); a steady climb counts at once."

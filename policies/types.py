@@ -139,6 +139,15 @@ class ForecastState:
     # silence however long, and when traffic came back after it (see forecast.py, "Silence").
     interrupted_per_s: float | None = None
     returned_at_s: float | None = None
+    interrupted_at_s: float | None = None  # when that silence began
+    # The share of arrivals in the classes that are never shed, last measured, and its value when the
+    # silence began: the capacity kept through the silence for those classes (forecast.py, "Silence").
+    protected_share_ratio: float | None = None
+    interrupted_protected_ratio: float | None = None
+    # Conformal calibration of the upper bound at the lead time (see forecast.py, "Calibration"): the bounds
+    # issued and not yet due, as (due time, upper bound), and the scores observed rate / bound of those due.
+    issued: tuple[tuple[float, float], ...] = ()
+    scores: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)  # no __slots__: `changed` copies its __dict__, as Tick.then does

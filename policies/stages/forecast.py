@@ -43,6 +43,15 @@ Both mistakes have a price: taking a return that fades for the old level pays on
 fleet's GPUs; taking a return that holds for a burst pays a cold start of missed requests (a model whose
 forecast learned hours of zeros orders nothing until the burst is confirmed, then follows the rate up).
 The memory is dropped `burst_lookback_s` after the return.
+
+Through the silence (after the outage hold, for at most one season from its start: by then a day has
+passed without the traffic), the capacity the classes that are never shed (the protected share, as for a
+one-off burst) need for their share of the interrupted rate is kept (`kept_through_silence`): they must
+not meet a cold start when the level returns, and the shed classes are guarded hard while the rest of the
+fleet comes (stage shedding). Without per-class rates before the silence nothing is kept (the floor, as
+before). The price of each mistake: a day of those replicas if the traffic never returns; a cold start of
+misses for the classes that must not miss if it does and nothing was kept (on `scenario:silence`,
+critical 95.5-95.9 % with the floor of one replica).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from dataclasses import replace
 import numpy as np
 
 from policies.spec import PolicySpec
+from policies.stages import calibration
 from policies.types import ForecastState
 
 # A damped Holt fit estimates five numbers (initial level and trend, their two smoothing weights, the
@@ -211,8 +221,11 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
     return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
 
 
-def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> ForecastState:
-    """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned)."""
+def observe(
+    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, protected: float | None = None
+) -> ForecastState:
+    """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned);
+    `protected`: the share of this tick's arrivals in classes that are never shed, if measured per class."""
     fs = _close_buckets(spec, fs, now)
     wanted = _wanted_kind(spec, len(fs.history))
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
@@ -225,11 +238,15 @@ def observe(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float)
     if _implausible_drop(spec, fs, rate):
         since = fs.outage_since_s if fs.outage_since_s is not None else now
         if fs.interrupted_per_s is None or fs.returned_at_s is not None:
-            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None)
-        if now - since < spec.outage_hold_s:
-            return replace(fs, outage_since_s=since)  # not learned: the forecast holds
+            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None, interrupted_at_s=now,
+                         interrupted_protected_ratio=fs.protected_share_ratio)
+        if now - since < spec.outage_hold_s:  # not learned, not scored: the forecast holds
+            return replace(calibration.scored(spec, fs, None, now), outage_since_s=since)
     elif fs.outage_since_s is not None:
         fs = replace(fs, outage_since_s=None)
+    if protected is not None:
+        fs = replace(fs, protected_share_ratio=protected)
+    fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
     ratios = fs.ratios
@@ -262,6 +279,23 @@ def returning(fs: ForecastState, now: float, within_s: float) -> float | None:
     if fs.interrupted_per_s is None or fs.returned_at_s is None or now - fs.returned_at_s >= within_s:
         return None
     return fs.interrupted_per_s
+
+
+def returning_cold(spec: PolicySpec, fs: ForecastState, now: float, within_s: float) -> bool:
+    """Traffic back within the last `within_s` after a silence that outlasted the outage hold, when the
+    capacity held for it had been released (a shorter one returns to the capacity the hold kept)."""
+    return (returning(fs, now, within_s) is not None and fs.interrupted_at_s is not None
+            and fs.returned_at_s is not None and fs.returned_at_s - fs.interrupted_at_s >= spec.outage_hold_s)
+
+
+def kept_through_silence(spec: PolicySpec, fs: ForecastState, now: float) -> float | None:
+    """The rate the classes that are never shed sent before a silence, while the silence lasts past the
+    outage hold and for at most one season (`season_s`) from its start (see the module docstring); None
+    otherwise, and when no per-class rates were measured before it."""
+    if (fs.interrupted_per_s is None or fs.returned_at_s is not None or fs.interrupted_protected_ratio is None
+            or fs.interrupted_at_s is None or now - fs.interrupted_at_s >= spec.season_s):
+        return None
+    return fs.interrupted_per_s * fs.interrupted_protected_ratio
 
 
 def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:

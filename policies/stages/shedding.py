@@ -23,6 +23,14 @@ miss it anyway, and admitting it would push the highest priority queued behind i
 the last guard sits a margin below the SLO. The highest priority is always admitted. E.g. 40 ready
 replicas x 16 slots, 0.7 s per request, 2 s SLO: sheddable guarded at 640 x 0.5 x 2 / 0.7 ~ 914 queued
 requests, standard at ~1463.
+
+Traffic back after a silence that outlasted the outage hold meets a fleet sized for the silence (its
+capacity released, the protected classes' kept: `forecast.kept_through_silence`). For one lead time from
+the return, while the capacity ordered for it comes, every guarded class is rejected at a queue of 1:
+the highest class then waits behind no other, in a server that serves first come first served. On
+`scenario:silence` seed 1, 7 replicas through the silence (`min_replicas: 7`) without the hard guard left
+critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth
+in front of it.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Mapping
 
 from policies.queueing import rate_within_slo
 from policies.spec import PolicySpec
+from policies.stages import forecast as fc
 from policies.types import Clean, Tick
 
 SHED_MISS_RATIO = 0.01
@@ -97,4 +106,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     assert tick.clean is not None and tick.clean.cluster is not None
     shed, why = shed_levels(spec, tick.clean, tick.service_s)
     depths = saturation_depths(spec, tick.clean.cluster.ready_replicas, tick.service_s)
+    if depths and fc.returning_cold(spec, tick.state.forecast, tick.now, tick.lead_s):
+        depths = {name: 1 for name in depths}
+        why.append(f"shedding: traffic back after a silence, its capacity on the way: {', '.join(sorted(depths))} "
+                   "guarded at a queue of 1 for one lead time, so the highest class waits behind no other")
     return tick.then(why, shed=shed, saturation_depths=depths, state=tick.state.changed(shed=shed))

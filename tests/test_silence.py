@@ -1,0 +1,71 @@
+"""A silence that outlasts the outage hold: the capacity of the classes never shed is kept through it, and
+when the traffic comes back the lower classes are guarded hard while the rest of the fleet comes."""
+
+from dataclasses import replace
+
+import pytest
+
+from policies import PolicySpec
+from policies.stages import forecast as fc
+from policies.stages import predictive, shedding
+from policies.stages.sanitize import sanitize
+from policies.types import ForecastState, PolicyState, Tick
+
+from helpers import signals
+
+PROTECTED = 0.7  # the share of the classes never shed (critical, standard) before the silence
+
+
+def _observed(spec, rates, *, fs=None, start=0.0, protected=PROTECTED):
+    fs = fs or ForecastState()
+    t = start
+    for r in rates:
+        fs = fc.observe(spec, fs, r, t, protected if r > 0 else None)
+        t += 15.0
+    return fs, t
+
+
+def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1):
+    sig = signals(now, rate=rate, queue=queue, service=1.0, spec_replicas=ready)
+    clean, _ = sanitize(spec, sig, None, now)
+    return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=1.0,
+                startup_s=120.0, lead_s=420.0)
+
+
+def test_through_a_silence_past_the_hold_the_protected_classes_keep_their_capacity_for_a_day_at_most():
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _observed(spec, [100.0] * 80)
+    fs, now = _observed(spec, [0.0] * 120, fs=fs, start=now)  # 30 min: the hold is long over, zeros learned
+    assert fc.point(fs, 1) < 10.0 and fs.interrupted_protected_ratio == PROTECTED
+    kept = predictive.stage(spec, _tick(spec, fs, now))
+    assert kept.predicted is not None and kept.predicted[1] == pytest.approx(PROTECTED * fs.interrupted_per_s)
+    assert any("keeping capacity for the" in line and "classes never shed" in line for line in kept.reasons)
+    assert fc.kept_through_silence(spec, fs, fs.interrupted_at_s + spec.season_s) is None  # a day: let go
+    unknown = predictive.stage(spec, _tick(spec, replace(fs, interrupted_protected_ratio=None), now))
+    assert unknown.predicted[1] < 10.0  # no class mix measured: nothing to keep
+
+
+def test_a_cold_return_guards_the_lower_classes_hard_for_one_lead_time_a_short_one_does_not():
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _observed(spec, [100.0] * 80)
+    quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
+    cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
+    tick = _tick(spec, cold, back_s, rate=90.0, queue=50.0, ready=10)
+    guarded = shedding.stage(spec, tick)
+    assert guarded.saturation_depths and set(guarded.saturation_depths.values()) == {1}
+    assert any("guarded at a queue of 1" in line for line in guarded.reasons)
+    later = shedding.stage(spec, _tick(spec, cold, back_s + 420.0, rate=90.0, queue=50.0, ready=10))
+    assert min(later.saturation_depths.values()) > 1  # one lead time on: the usual guard
+    short, back_s = _observed(spec, [0.0] * 10, fs=fs, start=now)  # within the hold: capacity was kept
+    short = fc.observe(spec, short, 90.0, back_s, PROTECTED)
+    assert fc.returning(short, back_s, 420.0) is not None and not fc.returning_cold(spec, short, back_s, 420.0)
+    assert min(shedding.stage(spec, _tick(spec, short, back_s, rate=90.0, queue=50.0, ready=10))
+               .saturation_depths.values()) > 1
+
+
+def test_the_protected_share_is_learned_only_from_per_class_rates():
+    from policies.stages.learn import _protected
+
+    spec = PolicySpec()
+    assert _protected(spec, {}) is None and _protected(spec, {"critical": 0.0, "standard": 0.0}) is None
+    assert _protected(spec, {"critical": 2.0, "standard": 5.0, "sheddable": 3.0}) == pytest.approx(0.7)
