@@ -11,7 +11,7 @@ import yaml
 
 from autoscaler.config import Settings
 from loadtest.e2e import kedamode
-from loadtest.e2e.checks import CheckContext
+from loadtest.e2e.checks import MAX_WAKE_S, CheckContext
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.figures import annotate_holds, holds, wake
 from loadtest.e2e.stack import controller_config
@@ -97,8 +97,11 @@ def test_a_slow_wake_or_none_at_all_fails_the_keda_check(changes, took, at_send)
 def test_without_a_held_request_after_the_silence_there_is_no_wake_figure():
     records, _ = _good()
     unheld = [r for r in records if r["sent_s"] < BURST_S or r["sent_s"] > BURST_S + 500]
-    doc, checks = _run([(_wall(0), 5), (_wall(20 * 60), 0), (_wall(BURST_S), 1)], unheld)
-    assert doc["wake_to_scale_s"] is None and not checks[-1]["passed"]
+    changes = [(_wall(0), 5), (_wall(20 * 60), 0), (_wall(BURST_S) + 0.25, 1)]
+    doc, checks = _run(changes, unheld)
+    assert doc["wake_to_scale_s"] is None and doc["replicas_at_first_held"] is None and not checks[-1]["passed"]
+    doc, checks = _run(changes)  # the same scale with the held requests there: a wake
+    assert doc["wake_to_scale_s"] is not None and checks[-1]["passed"], checks[-1]
 
 
 def test_the_watch_records_each_change_of_spec_replicas_with_its_wall_clock():
@@ -124,6 +127,11 @@ def test_the_watch_records_each_change_of_spec_replicas_with_its_wall_clock():
         finally:
             watch.stop()
     assert [r for _, r in watch.changes] == [3, 0, 2]
-    # each change arrives after its write, within the loopback's latency (not a poll's period)
-    assert written[0] <= watch.changes[1][0] < written[0] + 0.3
-    assert written[2] <= watch.changes[2][0] < written[2] + 0.3
+    # each change arrives after its write, within the scenario's wake bound (a poll would take 2 s)
+    assert written[0] <= watch.changes[1][0] < written[0] + MAX_WAKE_S
+    assert written[2] <= watch.changes[2][0] < written[2] + MAX_WAKE_S
+
+
+def test_a_mode_other_than_actuate_or_keda_is_refused():
+    with pytest.raises(ValueError, match="'KEDA': choose one of actuate, keda"):
+        E2EConfig(mode="KEDA")

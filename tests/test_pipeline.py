@@ -3,14 +3,14 @@ docstrings are numbered from it, and `decide` is a fold over it."""
 
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
 
 import policies
 from policies import ClusterState, PolicySpec, Sample, Signals, engine, initial_state
-from policies.types import Tick
+from policies.types import PolicyState, Tick
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES_DOC = ROOT / "docs" / "stages.md"
@@ -119,3 +119,30 @@ def test_a_state_copy_is_the_value_replace_gives_frozen_and_checks_its_field_nam
         copy.last_replicas = 5  # type: ignore[misc]
     with pytest.raises(TypeError, match="PolicyState has no field"):
         state.changed(last_replica=4)
+
+
+@pytest.mark.parametrize("name", sorted(f.name for f in fields(PolicyState)))
+def test_a_state_copy_changes_every_field_as_replace_does(name):
+    state, value = initial_state(), object()  # a value no field holds by default
+    copy = state.changed(**{name: value})
+    assert copy == replace(state, **{name: value}) and getattr(copy, name) is value
+    assert all(getattr(copy, f.name) is getattr(state, f.name) for f in fields(PolicyState) if f.name != name)
+
+
+def test_the_dict_copy_skips_no_validation_a_subclass_adds():
+    """The dict copy skips `__init__`: it is only right while neither class has a `__post_init__`; a subclass
+    that validates (or adds fields) is copied by `dataclasses.replace`."""
+    assert not hasattr(PolicyState, "__post_init__") and not hasattr(Tick, "__post_init__")
+
+    @dataclass(frozen=True)
+    class Checked(PolicyState):
+        extra: int = 0
+
+        def __post_init__(self):
+            if self.extra < 0:
+                raise ValueError("extra < 0")
+
+    checked = Checked()
+    assert checked.changed(extra=2, last_replicas=3) == Checked(extra=2, last_replicas=3)
+    with pytest.raises(ValueError, match="extra < 0"):
+        checked.changed(extra=-1)

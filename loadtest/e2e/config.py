@@ -19,6 +19,9 @@ from loadtest.kube.karpenter import ONE_GPU, NodeShape
 from policies import PolicySpec
 
 
+MODES = ("actuate", "keda")  # who writes the Deployment's scale: the controller, or KEDA from its decision
+
+
 @dataclass(frozen=True)
 class E2EConfig:
     factor: float = 10.0
@@ -46,6 +49,10 @@ class E2EConfig:
     # "actuate": the controller scales the Deployment; "keda": it publishes over gRPC and KEDA's operator and
     # HPA scale it (`loadtest.e2e.kedamode`)
     mode: str = "actuate"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"E2EConfig.mode {self.mode!r}: choose one of {', '.join(MODES)}")
 
     def spec(self) -> PolicySpec:
         """The predictive policy at factor 1 (what the simulator runs)."""

@@ -35,7 +35,8 @@ from loadtest.kube.keda import keda
 from loadtest.realservers import free_port
 
 SHIPPED = Path(__file__).resolve().parent.parent.parent / "deploy" / "keda" / "scaledobject.yaml"
-WATCH_TIMEOUT_S = 10  # the apiserver ends each watch after this; the next one resumes at its resourceVersion
+# the apiserver ends each watch after this (and `stop` waits for it); the next one resumes at its resourceVersion
+WATCH_TIMEOUT_S = 2
 
 
 def controller_section(port: int) -> dict:
@@ -162,4 +163,3 @@ def wake_figures(records: list[dict], changes: list[tuple[float, int]], *, start
     woke = next((t for t, replicas in changes if t > sent and replicas > 0), None)
     took = round(woke - sent, 3) if at_send == 0 and woke is not None else None
     return {"wake_to_scale_s": took, "replicas_at_first_held": at_send}
-
