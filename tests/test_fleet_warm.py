@@ -1,6 +1,6 @@
-"""Warm slots in the fleet controller. The per-model `autoscaler_warm_slots` gauge with pooled warm capacity:
-each model's share of the pooled slots (its decision's own `warm_slots` is 0, since it writes no placeholder
-of its own), on a real kube-apiserver with the fleet controller's test scaffolding (tests/test_fleet.py). And
+"""Warm slots in the fleet controller. The per-model `autoscaler_warm_slots` gauge and the ModelAutoscaler's
+status `warmSlots` with pooled warm capacity: each model's share of the pooled slots (its decision's own
+`warm_slots` is 0, since it writes no placeholder of its own), on a real kube-apiserver with the fleet controller's test scaffolding (tests/test_fleet.py). And
 the drain the fleet step reads from each model's pod template, which ranks a higher tier's warm slots before
 a lower tier's replicas when the budget binds (policies/fleet.py)."""
 
@@ -15,7 +15,7 @@ from autoscaler.loop import Decided
 from policies import ClusterState, Decision, Signals
 from policies.fleet import Budgets, FleetSpec
 
-from test_fleet import Running, crd  # noqa: F401 - crd: the fixture
+from test_fleet import Running, crd, objects_path  # noqa: F401 - crd: the fixture
 from test_fleet_allocation import RateHub, template, two_pooling_models
 
 TIER = FleetSpec(warm_after="tier")  # the early-warm-slot rule, asked for
@@ -28,9 +28,9 @@ def scraped_warm_slots(registry) -> dict[str, float]:
             for s in family.samples if s.name == "autoscaler_warm_slots"}
 
 
-def test_each_models_warm_slots_gauge_is_its_share_of_the_pooled_slots(cluster, crd, namespace):  # noqa: F811
-    """Two models each needing 2 warm slots alone pool 3 (ceil(sqrt(8))): the gauges read 2 and 1, their
-    shares of the pool, not 0."""
+def test_each_models_warm_slots_gauge_and_status_are_its_share_of_the_pooled_slots(cluster, crd, namespace):  # noqa: F811
+    """Two models each needing 2 warm slots alone pool 3 (ceil(sqrt(8))): the gauges and the objects' status
+    `warmSlots` read 2 and 1, their shares of the pool, not 0."""
     ns = namespace
     settings = two_pooling_models(cluster, ns)
 
@@ -44,6 +44,8 @@ def test_each_models_warm_slots_gauge_is_its_share_of_the_pooled_slots(cluster, 
     shares, own, scraped = asyncio.run(go())
     assert sorted(shares.values()) == [1, 2] and own == {"a": 0, "b": 0}
     assert scraped == {name: float(n) for name, n in shares.items()}
+    status = {name: cluster.request("GET", objects_path(ns, name))[1]["status"]["warmSlots"] for name in shares}
+    assert status == shares
 
 
 def model_at(replicas: int, *, warm: int, grace_s: int | None):
