@@ -1,8 +1,9 @@
 """Warm slots in the fleet controller. The per-model `autoscaler_warm_slots` gauge and the ModelAutoscaler's
 status `warmSlots` with pooled warm capacity: each model's share of the pooled slots (its decision's own
-`warm_slots` is 0, since it writes no placeholder of its own), on a real kube-apiserver with the fleet controller's test scaffolding (tests/test_fleet.py). And
-the drain the fleet step reads from each model's pod template, which ranks a higher tier's warm slots before
-a lower tier's replicas when the budget binds (policies/fleet.py)."""
+`warm_slots` is 0, since it writes no placeholder of its own), on a real kube-apiserver with the fleet
+controller's test scaffolding (tests/test_fleet.py). And the drain the fleet step reads from each model's pod
+template, which ranks a higher tier's warm slots before a lower tier's replicas when the budget binds
+(policies/fleet.py)."""
 
 import asyncio
 from types import SimpleNamespace
