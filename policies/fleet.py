@@ -176,6 +176,8 @@ class Allocation:
     shed: Mapping[str, float]
     replicas_by_class: Mapping[str, int]
     reasons: tuple[str, ...] = ()
+    # replicas of its shape it would get at once from GPUs lower tiers hold, the fleet cap binding (`reclaimable`)
+    reclaimable_replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,6 +566,37 @@ def _warm_ahead(models: list[ModelDemand], fill: _Fill, warm: _Warm) -> list[tup
     return out
 
 
+def reclaimable(models: list[ModelDemand], fill: _Fill, budgets: Budgets) -> dict[str, int]:
+    """Per model, the replicas of its shape it would be given at once, without a new node, from GPUs lower
+    tiers hold (and what the cap leaves over), when the fleet cap binds: 0 without a cap or while a replica of
+    its shape still fits under it (a new node comes then, not a reclaim), and within its own borrowing and
+    namespace limits. Its own decision counts them as idle slots (autoscaler/fleet/model.py; the benchmark's
+    `fleet` policy likewise): a lower tier's GPU is paid for already and serves it after a drain and a
+    start-up, with no node to provision, so its lead time drops the node provisioning and a burst it has not
+    yet confirmed is ordered onto them, as onto a free warm slot (stages/combine.py). Tier-major: a lower
+    tier's levels all rank below every level of a higher one (with an explicit level order a higher tier's
+    lower classes may rank below a lower tier's, and the fleet then gives fewer than counted). A lower tier's
+    nominal quota is guaranteed before every level, so it is not counted."""
+    out = {m.name: 0 for m in models}
+    if budgets.fleet_gpus is None:
+        return out
+    held = {m.name: fill.replicas[m.name] * m.gpus_per_replica for m in models}
+    for m in models:
+        g = m.gpus_per_replica
+        if fill.free_gpus >= g:
+            continue
+        lower = [o for o in models if o.tier > m.tier]
+        # a lower tier's nominal quota is guaranteed before every level: not reclaimable by priority
+        spare = {o.name: max(0, held[o.name] - o.nominal_gpus) for o in lower}
+        gpus = sum(spare.values()) + max(0.0, fill.free_gpus)
+        if m.namespace in fill.ns_free:
+            same = sum(spare[o.name] for o in lower if o.namespace == m.namespace)
+            gpus = min(gpus, fill.ns_free[m.namespace] + same)
+        gpus = min(gpus, m.max_gpus - held[m.name])
+        out[m.name] = int(gpus // g)
+    return out
+
+
 def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float
              ) -> tuple[FleetDecision, FleetState]:
     """One tick of the fleet decision (module docstring). `now`: the tick's time, for the warm pool's
@@ -584,6 +617,7 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
     unmet = _serve_levels(spec, models, fill, remaining, state.replicas, warm)
     replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
     pool = _pool(spec, models, fill, state, now, warm)
+    reclaim_to = reclaimable(models, fill, budgets)
     ahead = _warm_ahead(models, fill, warm)
     borrowed, lent = _lending(models, fill)
     unserved = _claims_unserved(models, fill, state, now)
@@ -601,8 +635,13 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
                            f"{m.gpus_per_replica}-GPU slots (its own risk alone: {m.warm_slots})")
         if _short_of_fleet(m, fill):
             reasons.extend(r for t, r in ahead if t < m.tier)
+        if reclaim_to[m.name]:
+            reasons.append(f"{reclaim_to[m.name]} replicas' GPUs of lower tiers reclaimable at once (the fleet "
+                           f"budget binds): its next tick counts them as idle slots (a drain and a start-up, no "
+                           f"node to provision)")
         out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=share, shed=shed,
-                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
+                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons),
+                                 reclaimable_replicas=reclaim_to[m.name])
     used = replica_gpus + sum(g * n for g, n in pool.slots.items())
     decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
                              reasons=tuple(_pool_reasons(spec, models, pool) + [r for _, r in ahead]))

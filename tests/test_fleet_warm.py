@@ -12,8 +12,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoscaler.fleet.allocation import FleetStep
+from autoscaler.fleet.model import ReclaimableView
 from autoscaler.loop import Decided
-from policies import ClusterState, Decision, Signals
+from policies import ClusterState, Decision, PolicySpec, Sample, Signals, decide, initial_state
 from policies.fleet import Budgets, FleetSpec
 
 from test_fleet import Running, crd, objects_path  # noqa: F401 - crd: the fixture
@@ -85,3 +86,36 @@ def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_rep
     assert low.replicas == 4 and fleet.warm_by_shape == {1: 0}
     low, fleet = run(30, spec=None)
     assert low.replicas == 4 and fleet.warm_by_shape == {1: 0}
+
+
+def test_a_top_tier_reads_the_lower_tiers_gpus_as_idle_slots_once_the_budget_binds():
+    """10 GPUs, "top" (tier 0) at 6 and "low" (tier 2) at 4: the budget binds, so top's cluster reader (the
+    fleet's view) adds low's 4 GPUs to its idle slots on the next tick, and low's adds none. Its lead time
+    then drops the node provisioning, as with a free slot: a reclaim needs no new node."""
+    models = {("ns", "top"): model_at(6, warm=0, grace_s=None), ("ns", "low"): model_at(4, warm=0, grace_s=None)}
+    objects = {("ns", name): SimpleNamespace(tier=tier, weight=1.0) for name, tier in (("top", 0), ("low", 2))}
+    step = FleetStep(budgets=Budgets(fleet_gpus=10))
+    assert step.reclaimable(("ns", "top")) == 0  # before any fleet decision
+    asyncio.run(step.run({k: d for k, (_, d) in models.items()}, controllers={k: c for k, (c, _) in models.items()},
+                         objects=objects, write_pool=False))
+    assert (step.reclaimable(("ns", "top")), step.reclaimable(("ns", "low"))) == (4, 0)
+
+    class Inner:
+        async def read(self, now):
+            return ClusterState(spec_replicas=6, ready_replicas=6, starting_replicas=0, at_s=now)
+
+        async def pod_template(self):
+            return "template"
+
+    top = ReclaimableView(Inner(), lambda: step.reclaimable(("ns", "top")))
+    low = ReclaimableView(Inner(), lambda: step.reclaimable(("ns", "low")))
+    assert asyncio.run(top.pod_template()) == "template"
+    spec = PolicySpec(default_startup_s=120.0, node_provisioning_s=300.0)
+
+    def lead_time_s(view):
+        cluster = asyncio.run(view.read(0.0))
+        signals = Signals(cluster=cluster, arrival_rate_per_s=Sample(1.0, 0.0), queue_depth=Sample(0.0, 0.0),
+                          in_flight=Sample(8.0, 0.0))
+        return cluster.idle_slots, decide(spec, initial_state(), signals, 0.0)[0].lead_time_s
+
+    assert lead_time_s(top) == (4, 120.0) and lead_time_s(low) == (0, 420.0)
