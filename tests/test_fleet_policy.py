@@ -206,8 +206,7 @@ def test_reasons_name_the_budget_the_levels_and_the_shedding():
     assert "tier 1 standard, tier 1 sheddable not fully served" in b.reasons[0]
     assert "shedding 100% of sheddable" in b.reasons[1]
     assert "standard under-served and never shed" in b.reasons[2]
-    [a_reason] = decision.models["model-a"].reasons  # model-b's 2 GPUs are model-a's if it asks
-    assert a_reason.startswith("2 replicas' GPUs of lower tiers reclaimable at once (the fleet budget binds)")
+    assert decision.models["model-a"].reasons == ()  # model-b's 2 GPUs serve its critical class: not reclaimable
 
 
 def test_a_namespace_cap_holds_its_models_and_the_others_take_the_rest():
@@ -426,24 +425,29 @@ def test_the_top_tiers_warm_slot_comes_before_the_lowest_tiers_replicas_by_the_d
         FleetSpec(warm_after="never")
 
 
-def test_a_higher_tier_counts_what_lower_tiers_hold_as_reclaimable_once_the_cap_binds():
-    """14 GPUs held by chat (tier 0, 4), code (tier 1, 3) and batch (tier 2, 7): the cap binds, so chat could
-    have code's and batch's 10 at once, code batch's 7, batch nothing. With room for a new node under the cap
-    (20 GPUs) or no cap, nothing is reclaimed (a node comes instead). A namespace cap and a nominal quota hold."""
+def test_a_higher_tier_counts_lower_tiers_sheddable_gpus_as_reclaimable_once_the_cap_binds():
+    """14 GPUs held by chat (tier 0, 4), code (tier 1: 2 critical, 1 sheddable) and batch (tier 2: 2 critical,
+    2 standard, 3 sheddable): the cap binds. What the fleet would take back first is the trailing sheddable
+    levels: batch's 3 sheddable replicas (tier 2 standard, never shed, ends the run; code's sheddable one comes
+    after batch's critical and standard, so it is not counted): 3 for chat and for code, none for batch.
+    With room for a new node under the cap (20 GPUs) or no cap, nothing is reclaimed (a node comes instead).
+    A namespace cap and a lower tier's nominal quota hold."""
     models = [ModelDemand("chat", demand(critical=4), tier=0, namespace="chat"),
-              ModelDemand("code", demand(critical=3), tier=1, namespace="code"),
-              ModelDemand("batch", demand(critical=7), tier=2, namespace="batch")]
+              ModelDemand("code", demand(critical=2, sheddable=1), tier=1, namespace="code"),
+              ModelDemand("batch", demand(critical=2, standard=2, sheddable=3), tier=2, namespace="batch")]
 
     def reclaimable(caps, ms=models):
         decision, _ = allocate(SPEC, ms, caps, FleetState(), 0.0)
         return {name: a.reclaimable_replicas for name, a in decision.models.items()}
 
-    assert reclaimable(Budgets(fleet_gpus=14)) == {"chat": 10, "code": 7, "batch": 0}
+    assert reclaimable(Budgets(fleet_gpus=14)) == {"chat": 3, "code": 3, "batch": 0}
     assert reclaimable(Budgets(fleet_gpus=20)) == reclaimable(Budgets()) == {"chat": 0, "code": 0, "batch": 0}
     assert reclaimable(Budgets(fleet_gpus=14, namespace_gpus={"chat": 5}))["chat"] == 1
-    assert reclaimable(Budgets(fleet_gpus=14), [*models[:2], replace(models[2], nominal_gpus=5)])["chat"] == 5
+    assert reclaimable(Budgets(fleet_gpus=14), [*models[:2], replace(models[2], nominal_gpus=5)])["chat"] == 2
+    no_shed = [*models[:2], replace(models[2], demand_replicas=demand(critical=7))]
+    assert reclaimable(Budgets(fleet_gpus=14), no_shed) == {"chat": 0, "code": 0, "batch": 0}
     decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=14), FleetState(), 0.0)
-    assert any(r.startswith("10 replicas' GPUs of lower tiers reclaimable at once") for r in
+    assert any(r.startswith("3 replicas' GPUs reclaimable at once from lower tiers' sheddable classes") for r in
                decision.models["chat"].reasons)
 
 

@@ -50,7 +50,7 @@ def test_each_models_warm_slots_gauge_and_status_are_its_share_of_the_pooled_slo
     assert status == shares
 
 
-def model_at(replicas: int, *, warm: int, grace_s: int | None):
+def model_at(replicas: int, *, warm: int, grace_s: int | None, rates: dict[str, float] | None = None):
     """A model's controller as the fleet step reads it (its pod template, its policy) and its decision."""
     pod = template("1")
     pod.spec.termination_grace_period_seconds = grace_s
@@ -63,7 +63,7 @@ def model_at(replicas: int, *, warm: int, grace_s: int | None):
     cluster = ClusterState(spec_replicas=replicas, ready_replicas=replicas, starting_replicas=0, at_s=0.0)
     # a pooled slot free: the lead time is the 20-s start-up; the warm need covers 120 s of node provisioning
     decision = Decision(replicas=replicas, warm_slots=warm, lead_time_s=20.0, node_provisioning_s=120.0)
-    return controller, Decided(0.0, Signals(cluster=cluster), decision)
+    return controller, Decided(0.0, Signals(cluster=cluster, arrival_rate_by_priority=rates or {}), decision)
 
 
 def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_replicas():
@@ -89,16 +89,19 @@ def test_a_lower_tiers_grace_period_ranks_the_top_tiers_warm_slot_before_its_rep
 
 
 def test_a_top_tier_reads_the_lower_tiers_gpus_as_idle_slots_once_the_budget_binds():
-    """10 GPUs, "top" (tier 0) at 6 and "low" (tier 2) at 4: the budget binds, so top's cluster reader (the
-    fleet's view) adds low's 4 GPUs to its idle slots on the next tick, and low's adds none. Its lead time
-    then drops the node provisioning, as with a free slot: a reclaim needs no new node."""
-    models = {("ns", "top"): model_at(6, warm=0, grace_s=None), ("ns", "low"): model_at(4, warm=0, grace_s=None)}
+    """10 GPUs, "top" (tier 0) at 6 and "low" (tier 2) at 4, half of low's arrivals sheddable: the budget
+    binds, so top's cluster reader (the fleet's view) adds low's 2 sheddable replicas' GPUs to its idle slots
+    on the next tick, and low's adds none. Its lead time then drops the node provisioning, as with a free
+    slot: a reclaim needs no new node."""
+    half = {"critical": 1.0, "sheddable": 1.0}
+    models = {("ns", "top"): model_at(6, warm=0, grace_s=None),
+              ("ns", "low"): model_at(4, warm=0, grace_s=None, rates=half)}
     objects = {("ns", name): SimpleNamespace(tier=tier, weight=1.0) for name, tier in (("top", 0), ("low", 2))}
     step = FleetStep(budgets=Budgets(fleet_gpus=10))
     assert step.reclaimable(("ns", "top")) == 0  # before any fleet decision
     asyncio.run(step.run({k: d for k, (_, d) in models.items()}, controllers={k: c for k, (c, _) in models.items()},
                          objects=objects, write_pool=False))
-    assert (step.reclaimable(("ns", "top")), step.reclaimable(("ns", "low"))) == (4, 0)
+    assert (step.reclaimable(("ns", "top")), step.reclaimable(("ns", "low"))) == (2, 0)
 
     class Inner:
         async def read(self, now):
@@ -118,4 +121,4 @@ def test_a_top_tier_reads_the_lower_tiers_gpus_as_idle_slots_once_the_budget_bin
                           in_flight=Sample(8.0, 0.0))
         return cluster.idle_slots, decide(spec, initial_state(), signals, 0.0)[0].lead_time_s
 
-    assert lead_time_s(top) == (4, 120.0) and lead_time_s(low) == (0, 420.0)
+    assert lead_time_s(top) == (2, 120.0) and lead_time_s(low) == (0, 420.0)
