@@ -40,6 +40,8 @@ def test_each_models_warm_slots_gauge_and_status_are_its_share_of_the_pooled_slo
         async with Running(cluster, settings, RateHub({(ns, "a"): 64, (ns, "b"): 64})) as run:
             await run.fleet.tick()
             shares = {k[1]: run.fleet.step.last.models[f"{k[0]}/{k[1]}"].warm_slots for k in run.fleet.models}
+            # each model's cluster reader is the fleet's view (lower tiers' reclaimable GPUs as idle slots)
+            assert all(isinstance(m.controller.cluster, ReclaimableView) for m in run.fleet.models.values())
             return shares, {k[1]: m.decision.warm_slots for k, m in run.fleet.models.items()}, \
                 scraped_warm_slots(run.fleet.metrics.registry)
 
