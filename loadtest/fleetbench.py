@@ -262,9 +262,13 @@ class _Rules:
         return bool(self.limit) and self.policy in ("hpa", "keda")
 
 
-def _signals(m: Model, rules: _Rules, now: float):
-    """What the model's controller reads; under a fixed share, the share as its budget (as a config cap)."""
+def _signals(m: Model, rules: _Rules, now: float, reclaimable: int = 0):
+    """What the model's controller reads; under a fixed share, the share as its budget (as a config cap); for
+    `fleet`, lower tiers' GPUs the last fleet decision would reclaim for it at once as idle slots, as the fleet
+    controller's readers count them (`policies.fleet.reclaimable`)."""
     s = m.sim.signals(now, m.cluster)
+    if reclaimable and s.cluster is not None:
+        s = replace(s, cluster=replace(s.cluster, idle_slots=s.cluster.idle_slots + reclaimable))
     if rules.policy == "predictive" and rules.limit and s.cluster is not None:
         share = rules.fixed[m.name]
         why = f"a fixed {share}-GPU share of the {rules.limit}-GPU limit"
@@ -329,17 +333,19 @@ def simulate(policy: str, models: list[Model], *, limit: int, n: int, spec: Flee
     _reset(models, policy, starts or _starts(models, policy, limit, rules.fixed, spec))
     fleet_state = FleetState()
     tick_s = models[0].config.tick_s
+    reclaim: dict[str, int] = {}
     for tick in range(n):
         now = tick * tick_s
         for m in models:
             m.cluster.advance(now)
-        signals = {m.name: _signals(m, rules, now) for m in models}
+        signals = {m.name: _signals(m, rules, now, reclaim.get(m.name, 0)) for m in models}
         decisions = {m.name: _decide(m, signals[m.name], now) for m in models}
         allocation = None
         if policy == "fleet":
             allocation, fleet_state = allocate(
                 spec, [_demand(m, decisions[m.name], signals[m.name]) for m in models],
                 Budgets(fleet_gpus=limit or None), fleet_state, now)
+            reclaim = {name: a.reclaimable_replicas for name, a in allocation.models.items()}
         _apply(models, _targets(models, decisions, allocation), decisions, rules, now)
         for m in models:
             _serve(m, now, tick_s)

@@ -187,6 +187,8 @@ class Allocation:
     shed: Mapping[str, float]
     replicas_by_class: Mapping[str, int]
     reasons: tuple[str, ...] = ()
+    # replicas of its shape it would get at once from GPUs lower tiers hold, the fleet cap binding (`reclaimable`)
+    reclaimable_replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,6 +577,60 @@ def _warm_ahead(models: list[ModelDemand], fill: _Fill, warm: _Warm) -> list[tup
     return out
 
 
+def _shed_first(spec: FleetSpec, models: list[ModelDemand], fill: _Fill) -> list[tuple[int, dict[str, int]]]:
+    """The GPUs the fleet would take back first, as (tier, GPUs per model) per level from the last one: the
+    trailing levels whose class is sheddable for every model holding GPUs there (levels holding none are
+    passed over; the first that holds GPUs of a class never shed ends the run)."""
+    out = []
+    for tier, cls in reversed(level_order(spec, models)):
+        held = {m.name: fill.by_class[m.name].get(cls, 0) * m.gpus_per_replica for m in models if m.tier == tier}
+        if not any(held.values()):
+            continue
+        if any(n and cls not in m.sheddable for m in models if m.tier == tier and (n := held[m.name])):
+            break
+        out.append((tier, held))
+    return out
+
+
+def reclaimable(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, budgets: Budgets) -> dict[str, int]:
+    """Per model, the replicas of its shape it would be given at once, without a new node, from what lower
+    tiers hold for their sheddable classes (and what the cap leaves over), when the fleet cap binds: 0 without
+    a cap or while a replica of its shape still fits under it (a new node comes then, not a reclaim), and
+    within its own borrowing and namespace limits. Its own decision counts them as idle slots
+    (autoscaler/fleet/model.py; the benchmark's `fleet` policy likewise): such a GPU is paid for already and
+    serves it after a drain and a start-up, with no node to provision, so its lead time drops the node
+    provisioning and a burst it has not yet confirmed is ordered onto it, as onto a free warm slot
+    (stages/combine.py). Only the trailing sheddable levels (`_shed_first`): if the burst ends, what it cost is
+    sheddable requests shed for a scale-down window, the first thing the fleet sheds anyway; a lower tier's
+    critical or standard replicas are never counted (on the benchmark, counting every lower-tier GPU cost tier
+    2's critical class 26 points at 85 % of fleet A's peaks and bought tier 0 nothing, docs/fleet.md). A
+    lower tier's nominal quota is guaranteed before every level, so it is not counted either."""
+    out = {m.name: 0 for m in models}
+    if budgets.fleet_gpus is None:
+        return out
+    trailing = _shed_first(spec, models, fill)
+    held = {m.name: fill.replicas[m.name] * m.gpus_per_replica for m in models}
+    for m in models:
+        g = m.gpus_per_replica
+        if fill.free_gpus >= g:
+            continue
+        spare: dict[str, int] = {}
+        for tier, gpus_at in trailing:
+            if tier > m.tier:
+                for name, n in gpus_at.items():
+                    spare[name] = spare.get(name, 0) + n
+        by_name = {o.name: o for o in models}
+        # a lower tier's nominal quota is guaranteed before every level: not reclaimable by priority
+        spare = {name: min(n, max(0, held[name] - by_name[name].nominal_gpus)) for name, n in spare.items()}
+        gpus = sum(spare.values()) + max(0.0, fill.free_gpus)
+        if m.namespace in fill.ns_free:
+            same = sum(n for name, n in spare.items() if by_name[name].namespace == m.namespace)
+            gpus = min(gpus, fill.ns_free[m.namespace] + same)
+        gpus = min(gpus, m.max_gpus - held[m.name])
+        out[m.name] = int(gpus // g)
+    return out
+
+
 def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float
              ) -> tuple[FleetDecision, FleetState]:
     """One tick of the fleet decision (module docstring). `now`: the tick's time, for the warm pool's
@@ -597,6 +653,7 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
     unmet = _serve_levels(spec, models, fill, remaining, state.replicas, warm)
     replica_gpus = sum(fill.replicas[m.name] * m.gpus_per_replica for m in models)
     pool = _pool(spec, models, fill, state, now, warm)
+    reclaim_to = reclaimable(spec, models, fill, budgets)
     ahead = _warm_ahead(models, fill, warm)
     borrowed, lent = _lending(models, fill)
     unserved = _claims_unserved(models, fill, state, now)
@@ -617,8 +674,13 @@ def allocate(spec: FleetSpec, models: list[ModelDemand], budgets: Budgets, state
             reasons.append("at zero: no pooled warm slot for its wake within the budget (a wake waits for a node)")
         if _short_of_fleet(m, fill):
             reasons.extend(r for t, r in ahead if t < m.tier)
+        if reclaim_to[m.name]:
+            reasons.append(f"{reclaim_to[m.name]} replicas' GPUs reclaimable at once from lower tiers' sheddable "
+                           f"classes (the fleet budget binds): its next tick counts them as idle slots (a drain "
+                           f"and a start-up, no node to provision)")
         out[m.name] = Allocation(replicas=fill.replicas[m.name], warm_slots=share, shed=shed,
-                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons))
+                                 replicas_by_class=dict(fill.by_class[m.name]), reasons=tuple(reasons),
+                                 reclaimable_replicas=reclaim_to[m.name])
     used = replica_gpus + sum(g * n for g, n in pool.slots.items())
     decision = FleetDecision(models=out, warm_by_shape=pool.slots, gpus_used=int(used),
                              reasons=tuple(_pool_reasons(spec, models, pool) + [r for _, r in ahead]))

@@ -229,7 +229,7 @@ def test_reasons_name_the_budget_the_levels_and_the_shedding():
     assert "tier 1 standard, tier 1 sheddable not fully served" in b.reasons[0]
     assert "shedding 100% of sheddable" in b.reasons[1]
     assert "standard under-served and never shed" in b.reasons[2]
-    assert decision.models["model-a"].reasons == ()
+    assert decision.models["model-a"].reasons == ()  # model-b's 2 GPUs serve its critical class: not reclaimable
 
 
 def test_a_namespace_cap_holds_its_models_and_the_others_take_the_rest():
@@ -446,3 +446,43 @@ def test_the_top_tiers_warm_slot_comes_before_the_lowest_tiers_replicas_by_the_d
         {"critical": 2, "standard": 3}, 2)
     with pytest.raises(ValueError, match="warm_after = 'never'"):
         FleetSpec(warm_after="never")
+
+
+def test_a_higher_tier_counts_lower_tiers_sheddable_gpus_as_reclaimable_once_the_cap_binds():
+    """14 GPUs held by chat (tier 0, 4), code (tier 1: 2 critical, 1 sheddable) and batch (tier 2: 2 critical,
+    2 standard, 3 sheddable): the cap binds. What the fleet would take back first is the trailing sheddable
+    levels: batch's 3 sheddable replicas (tier 2 standard, never shed, ends the run; code's sheddable one comes
+    after batch's critical and standard, so it is not counted): 3 for chat and for code, none for batch.
+    With room for a new node under the cap (20 GPUs) or no cap, nothing is reclaimed (a node comes instead).
+    A namespace cap and a lower tier's nominal quota hold."""
+    models = [ModelDemand("chat", demand(critical=4), tier=0, namespace="chat"),
+              ModelDemand("code", demand(critical=2, sheddable=1), tier=1, namespace="code"),
+              ModelDemand("batch", demand(critical=2, standard=2, sheddable=3), tier=2, namespace="batch")]
+
+    def reclaimable(caps, ms=models):
+        decision, _ = allocate(SPEC, ms, caps, FleetState(), 0.0)
+        return {name: a.reclaimable_replicas for name, a in decision.models.items()}
+
+    assert reclaimable(Budgets(fleet_gpus=14)) == {"chat": 3, "code": 3, "batch": 0}
+    assert reclaimable(Budgets(fleet_gpus=20)) == reclaimable(Budgets()) == {"chat": 0, "code": 0, "batch": 0}
+    assert reclaimable(Budgets(fleet_gpus=14, namespace_gpus={"chat": 5}))["chat"] == 1
+    assert reclaimable(Budgets(fleet_gpus=14), [*models[:2], replace(models[2], nominal_gpus=5)])["chat"] == 2
+    no_shed = [*models[:2], replace(models[2], demand_replicas=demand(critical=7))]
+    assert reclaimable(Budgets(fleet_gpus=14), no_shed) == {"chat": 0, "code": 0, "batch": 0}
+    decision, _ = allocate(SPEC, models, Budgets(fleet_gpus=14), FleetState(), 0.0)
+    assert any(r.startswith("3 replicas' GPUs reclaimable at once from lower tiers' sheddable classes") for r in
+               decision.models["chat"].reasons)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(shapes=(1,)), budgets(), st.data())
+def test_what_a_model_may_reclaim_the_fleet_gives_it(models, caps, data):
+    """One replica shape, tier-major: a model that asks for its reclaimable replicas more (at its highest
+    class) gets them, on top of what it had."""
+    decision, _ = allocate(SPEC, models, caps, FleetState(), 0.0)
+    m = data.draw(st.sampled_from(models))
+    extra = decision.models[m.name].reclaimable_replicas
+    top = CLASSES[0]
+    asked = replace(m, demand_replicas={**m.demand_replicas, top: m.demand_replicas[top] + extra})
+    again, _ = allocate(SPEC, [asked if o is m else o for o in models], caps, FleetState(), 0.0)
+    assert again.models[m.name].replicas >= decision.models[m.name].replicas + extra

@@ -154,6 +154,12 @@ class FleetStep:
             out[member.key] = replace(member.decided, decision=decision)
         return out
 
+    def reclaimable(self, key: Key) -> int:
+        """Replicas of the model's shape the last fleet decision would give it at once from lower tiers' GPUs
+        (`policies.fleet.reclaimable`; 0 before any decision or when it was left out)."""
+        allocation = self.last.models.get(_name(key)) if self.last is not None else None
+        return allocation.reclaimable_replicas if allocation is not None else 0
+
     def pooled_share(self, key: Key) -> int | None:
         """The model's part of the pooled warm slots of the last tick (0 if it was left out); None without a
         pooled pool. Its decision's own `warm_slots` is 0 then (it writes no placeholder of its own), so this

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol
 
 import structlog
@@ -155,12 +155,16 @@ class FleetController:
         async def finish(model: ModelControl) -> None:
             model.decision = await model.controller.finish(final[model.key], started_s=started)
             model.decided_s = model.controller.last_tick_s
-            share = self.step.pooled_share(model.key) if self.step is not None else None
+            share = self._pooled_share(model.key)
             if share is not None:  # pooled: its decision's warm_slots is 0, its share is in the fleet's pool
                 model.metrics.warm.set(share)
 
         await asyncio.gather(*(self._bounded(m, finish(m), deadline_at - clock.now()) for m in models
                                if m.key in final))
+
+    def _pooled_share(self, key: Key) -> int | None:
+        """The model's share of the fleet's pooled warm slots (None: warm capacity is not pooled)."""
+        return self.step.pooled_share(key) if self.step is not None else None
 
     async def _write_statuses(self, now: float) -> None:
         if self.status is None or self.settings.mode == Mode.shadow:
@@ -169,8 +173,10 @@ class FleetController:
         writes = []
         for key, model in self.models.items():
             if model.decision is not None and self.owns(key):
+                share = self._pooled_share(key)  # as the gauge: its share of the pool, not its own 0
+                shown = model.decision if share is None else replace(model.decision, warm_slots=share)
                 writes.append(self.status.write(key, status_of(
-                    decision=model.decision, error=None, generation=model.generation, decided_s=model.decided_s,
+                    decision=shown, error=None, generation=model.generation, decided_s=model.decided_s,
                     previous=self.status.previous_conditions(key), now=now)))
         for key, obj in self.invalid.items():
             if self.owns(key):

@@ -10,8 +10,8 @@ model (its admission queue probe) run until its own stop event: deleting the obj
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -28,7 +28,7 @@ from autoscaler.metrics import ControllerMetrics
 from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
 from autoscaler.runtime import Parts, build_admission, build_scaler, build_sources, decision_board
 from autoscaler.signals.prometheus import PrometheusSource
-from policies import Decision, initial_state
+from policies import ClusterState, Decision, initial_state
 
 Key = tuple[str, str]
 
@@ -69,6 +69,25 @@ class ModelControl:
         self._tasks = []
 
 
+@dataclass(frozen=True)
+class ReclaimableView:
+    """A model's cluster reader in a fleet whose budget binds: its idle slots plus the replicas the last fleet
+    decision would give it at once from GPUs lower tiers hold (`policies.fleet.reclaimable`). Such a GPU is
+    paid for already and serves after a drain and a start-up, with no node to provision, as an idle node
+    does: its lead time drops the node provisioning and an unconfirmed burst is ordered onto it."""
+
+    inner: ClusterSource
+    reclaimable: Callable[[], int]
+
+    async def read(self, now: float) -> ClusterState:
+        state = await self.inner.read(now)
+        extra = self.reclaimable()
+        return replace(state, idle_slots=state.idle_slots + extra) if extra > 0 else state
+
+    async def pod_template(self) -> Any:
+        return await self.inner.pod_template()
+
+
 @dataclass
 class ModelBuilder:
     """Builds and rebuilds the models of one process (its API client, HTTP session, identity and clock)."""
@@ -80,6 +99,7 @@ class ModelBuilder:
     readers: Readers = field(default_factory=Readers)
     wake: asyncio.Event | None = None  # one wake for the fleet: a request held for any model ticks at once
     pooled: PooledWarmPool | None = None  # the fleet's warm pool (allocation.py): each model's WarmPool view
+    reclaimable: Callable[[Key], int] | None = None  # the fleet step's (allocation.py): see ReclaimableView
 
     def _controller(self, key: Key, settings: Settings, *, board: DecisionBoard, metrics: ControllerMetrics,
                     priorities: PriorityCounter, is_leader: Callable[[], bool]) -> Controller:
@@ -91,6 +111,9 @@ class ModelBuilder:
             sources = [self.readers.source(key)] + [s for s in sources if not isinstance(s, PrometheusSource)]
         cluster = (self.readers.cluster(key, settings) if self.readers.cluster is not None
                    else build_cluster_reader(settings, self.kube, warm_pool))
+        if self.reclaimable is not None:
+            reclaimable = self.reclaimable
+            cluster = ReclaimableView(cluster, lambda: reclaimable(key))
         return Controller(
             settings=settings, sources=sources, cluster=cluster, board=board, metrics=metrics, priorities=priorities,
             scaler=build_scaler(settings, self.kube, self.session, metrics=metrics) if settings.mode == Mode.actuate

@@ -71,6 +71,7 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
     fleet.builder.wake = fleet.wake
     fleet.step = build_step(settings, kube)
     fleet.builder.pooled = fleet.step.pooled if fleet.step is not None else None
+    fleet.builder.reclaimable = fleet.step.reclaimable if fleet.step is not None else None
     if hasattr(cache, "use_pooled"):  # the cache builds the models' cluster readers: the same warm pool view
         cache.use_pooled(fleet.builder.pooled)
     metrics.register_models(lambda: [(k, m.metrics.registry) for k, m in list(fleet.models.items())])
