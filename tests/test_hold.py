@@ -183,3 +183,41 @@ def test_a_held_request_of_an_unknown_class_is_counted_once():
     finally:
         thread.close()
     assert status == 200 and len(unknown) == 1
+
+
+def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
+    """The endpoint `autoscaler run` builds, behind the real nginx: a request held at zero counts in the
+    per-class arrivals the loop reads (`PriorityCounter`) while it is held, not only once a replica takes it,
+    and not again when it is answered; the same through ext_authz. Before, it counted when answered: nothing
+    while held, so a wake saw only what the Ready replicas already took."""
+    from autoscaler.clock import SystemClock
+    from autoscaler.config import Settings
+    from autoscaler.loop import PriorityCounter
+    from autoscaler.metrics import ControllerMetrics
+    from autoscaler.runtime import Parts, build_admission
+
+    settings = Settings(target={"namespace": "llm", "name": "m"}, mode="actuate", prometheus={"url": "http://p:9090"},
+                        policy={"min_replicas": 0, "idle_after_s": 60.0},
+                        admission={"queue_probe_interval_s": None, "max_hold_s": 5.0,
+                                   "priority_header": "x-request-priority"})
+    thread, board, counted = LoopThread(), DecisionBoard(), PriorityCounter()
+    admission = build_admission(settings, None, None, board=board, metrics=ControllerMetrics(),
+                                priorities=counted, clock=SystemClock(), parts=Parts())
+    try:
+        with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
+             nginx_gateway(admission=endpoint, upstreams=upstreams,
+                           trusted_priority_header="x-request-priority") as (url, _):
+            at_zero(board, thread)
+            with ThreadPoolExecutor(2) as pool:
+                through_nginx = pool.submit(get, f"{url}/v1/completions", "critical", COMPLETION)
+                wait_for(lambda: board.held_requests == 1)
+                through_envoy = pool.submit(get, f"{endpoint}/ext_authz/v1/completions", "sheddable")
+                wait_for(lambda: board.held_requests == 2)
+                assert counted.counts == {"critical": 1, "sheddable": 1}, "counted while held"
+                thread.run(board.set_ready(1))
+                assert through_nginx.result(5)[0] == 200 and through_envoy.result(5)[0] == 200
+            assert counted.counts == {"critical": 1, "sheddable": 1}, "not counted again when answered"
+            assert get(f"{url}/v1/completions", "standard", COMPLETION)[0] == 200  # Ready: the ordinary path
+            assert counted.counts == {"critical": 1, "sheddable": 1, "standard": 1}
+    finally:
+        thread.close()
