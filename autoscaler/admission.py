@@ -37,11 +37,12 @@ known was 0 (`DecisionBoard.last_ready`). While any is held the board's `held_re
 zero: the loop wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's
 StreamIsActive says active. Each request counts once as an arrival of its class (`on_arrival`, the per-class
 rates the policy reads) when the endpoint first sees it: a held one when its hold starts, so a wake sees the
-demand that is waiting, not only what the Ready replicas take as they release it. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
-`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
-once; the top class (critical) is always held, and is never dropped while a start is in progress short of
-`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`, at
-most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held directly.
+demand that is waiting, not only what the Ready replicas take as they release it. A request held longer than
+`max_hold_s` gets 503 with Retry-After (counted, result `hold_expired`). With more than `max_held_requests`
+held, a new request below the top class gets that 503 at once; the top class (critical) is always held, and is
+never dropped while a start is in progress short of `max_hold_s`. `max_hold_s` None: the decision's lead time
+(the learned cold start) plus `HOLD_MARGIN_S`, at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above
+it). Envoy's ext_authz call is held directly.
 nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero `/auth_request`
 answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
