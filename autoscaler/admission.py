@@ -35,11 +35,14 @@ request queues behind them. A request already held also waits through a decision
 Ready replicas (a tick that could not read the cluster), and so does a new one when the latest Ready count
 known was 0 (`DecisionBoard.last_ready`). While any is held the board's `held_requests` is above
 zero: the loop wakes at once and feeds it to the policy as the `held_requests` signal, and KEDA's
-StreamIsActive says active. A request held longer than `max_hold_s` gets 503 with Retry-After (counted, result
-`hold_expired`). With more than `max_held_requests` held, a new request below the top class gets that 503 at
-once; the top class (critical) is always held, and is never dropped while a start is in progress short of
-`max_hold_s`. `max_hold_s` None: the decision's lead time (the learned cold start) plus `HOLD_MARGIN_S`, at
-most `MAX_HOLD_S` (the shipped gateway's hold timeout is above it). Envoy's ext_authz call is held directly.
+StreamIsActive says active. Each request counts once as an arrival of its class (`on_arrival`, the per-class
+rates the policy reads) when the endpoint first sees it: a held one when its hold starts, so a wake sees the
+demand that is waiting, not only what the Ready replicas take as they release it. A request held longer than
+`max_hold_s` gets 503 with Retry-After (counted, result `hold_expired`). With more than `max_held_requests`
+held, a new request below the top class gets that 503 at once; the top class (critical) is always held, and is
+never dropped while a start is in progress short of `max_hold_s`. `max_hold_s` None: the decision's lead time
+(the learned cold start) plus `HOLD_MARGIN_S`, at most `MAX_HOLD_S` (the shipped gateway's hold timeout is above
+it). Envoy's ext_authz call is held directly.
 nginx's `auth_request` keeps its short timeout (fail open) for the ordinary answer: at zero `/auth_request`
 answers 401 at once, which the shipped gateway sends to a second subrequest,
 `/auth_request/hold`, with a timeout above `MAX_HOLD_S` (docs/gateway.md): a hold there admits (200) or
@@ -88,8 +91,11 @@ class Admission:
                  on_result: Callable[[str, str], None] | None = None, on_unknown: Callable[[], None] | None = None,
                  clock: Clock | None = None, max_hold_s: float | None = None, max_held_requests: int = 10_000,
                  on_hold: Callable[[str, float], None] | None = None, hold_going_to_zero: bool = True,
-                 replica_slots: int | None = None) -> None:
-        """`on_hold(outcome, waited_s)`: a hold ended, `admitted` or `expired`. `hold_going_to_zero` False:
+                 replica_slots: int | None = None, on_arrival: Callable[[str], None] | None = None) -> None:
+        """`on_arrival(cls)`: a request of class `cls` arrived, counted once when the endpoint first sees it:
+        answered at once, or held (then when its hold starts, not again when it is answered), the demand the
+        policy reads. `on_result(cls, result)`: each answer. `on_hold(outcome, waited_s)`: a hold ended,
+        `admitted` or `expired`. `hold_going_to_zero` False:
         a decision of 0 holds nothing while replicas are Ready (shadow mode, where nothing acts on it, and a
         policy without `idle_after_s`, whose decisions do not wake on a held request). `replica_slots`: the
         requests one replica serves at once (the policy's `replica_concurrency`); None releases every held
@@ -103,6 +109,7 @@ class Admission:
         self.retry_after = str(retry_after_s)
         self.live_queue = live_queue or (lambda: board.latest.queue_depth if board.latest else None)
         self.on_result = on_result or (lambda cls, result: None)
+        self.on_arrival = on_arrival or (lambda cls: None)
         self.on_unknown = on_unknown or (lambda: None)
         self.clock = clock or SystemClock()
         self.max_hold_s = max_hold_s
@@ -291,6 +298,7 @@ class Admission:
 
     async def ext_authz(self, request: web.Request) -> web.Response:
         cls = self.classify(request.headers.get(self.header))
+        self.on_arrival(cls)
         return await self._held_answer(cls, 503, {}) or self._answer(cls, 429)
 
     async def auth_request(self, request: web.Request) -> web.Response:
@@ -299,13 +307,17 @@ class Admission:
         if self.holding() or self._queue.waiting:
             self.board.wake.set()  # the loop starts deciding now; the hold subrequest follows at once
             return web.Response(status=401, text="no replica Ready: hold\n", headers={"X-Hold": "1"})
-        return self._answer(self.classify(request.headers.get(self.header)), 403)
+        cls = self.classify(request.headers.get(self.header))
+        self.on_arrival(cls)
+        return self._answer(cls, 403)
 
     async def auth_request_hold(self, request: web.Request) -> web.Response:
         """nginx's hold subrequest, under a timeout above the hold's: 200 once admitted, 403 when expired. Also
         for a request whose model refused its connection (`X-Model-Unreachable`, set by the gateway)."""
         cls = self.classify(request.headers.get(self.header))
         unreachable = bool(request.headers.get("X-Model-Unreachable"))
+        if not unreachable:  # one the model refused was counted when the ordinary subrequest admitted it
+            self.on_arrival(cls)
         return (await self._held_answer(cls, 403, {"X-Hold-Expired": "1"}, unreachable=unreachable)
                 or self._answer(cls, 403))
 

@@ -157,10 +157,13 @@ class Controller:
         by_priority = self.priorities.rates(now) if self.priorities is not None else {}
         offered = sum(by_priority.values())
         measured = samples.get("arrival_rate_per_s")
-        if by_priority and measured is not None and offered > measured.value:
-            # The servers count what they completed, which leaves out what the gateway shed: while shedding,
-            # demand is what reached the admission endpoint (each controller replica counts the share it
-            # answered, so the larger of the two is the better lower bound).
+        held = samples.get("held_requests")
+        if by_priority and offered > (measured.value if measured is not None else 0.0) and (
+                measured is not None or (held is not None and held.value > 0)):
+            # The servers count what they completed, which leaves out what the gateway shed or holds: while
+            # shedding, demand is what reached the admission endpoint (each controller replica counts the share
+            # it answered, so the larger of the two is the better lower bound); while it holds requests at zero
+            # no server reports at all, and what it counted (a held request when its hold starts) is the demand.
             samples["arrival_rate_per_s"] = Sample(offered, now)
         return Signals(cluster=cluster, arrival_rate_by_priority=by_priority, **samples)
 

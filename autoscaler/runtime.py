@@ -259,13 +259,13 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
         return reading
 
     def on_result(cls: str, result: str) -> None:
-        priorities.add(cls)
         metrics.admission.labels(cls, result).inc()
 
     return Admission(
         board, priorities=settings.policy.priorities, header=settings.admission.priority_header,
         default_class=settings.admission.default_priority, unknown_class=settings.admission.unknown_priority,
         retry_after_s=settings.admission.retry_after_s, live_queue=live_queue, on_result=on_result,
+        on_arrival=priorities.add,
         on_unknown=metrics.unknown_priority.inc, clock=clock, max_hold_s=settings.admission.max_hold_s,
         max_held_requests=settings.admission.max_held_requests,
         on_hold=lambda outcome, waited_s: metrics.observe_hold(outcome, waited_s, board.last_wake_start),

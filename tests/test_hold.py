@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
@@ -45,6 +46,28 @@ def wait_for(predicate, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+@contextmanager
+def behind_nginx(thread: LoopThread, admission: Admission):
+    """The endpoint served, behind the real nginx with the shipped config: (the endpoint's URL, the gateway's)."""
+    with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
+         nginx_gateway(admission=endpoint, upstreams=upstreams,
+                       trusted_priority_header="x-request-priority") as (url, _):
+        yield endpoint, url
+
+
+@contextmanager
+def at_zero_behind_nginx(board: DecisionBoard, admission: Admission):
+    """`admission` behind the real nginx, its board at zero (one replica ordered, none Ready): (its loop
+    thread, the endpoint's URL, the gateway's)."""
+    thread = LoopThread()
+    try:
+        with behind_nginx(thread, admission) as (endpoint, url):
+            at_zero(board, thread)
+            yield thread, endpoint, url
+    finally:
+        thread.close()
+
+
 @pytest.fixture()
 def stack():
     thread = LoopThread()
@@ -55,9 +78,7 @@ def stack():
                           default_class="standard", retry_after_s=7, max_hold_s=MAX_HOLD_S, max_held_requests=2,
                           on_result=lambda cls, result: results.append((cls, result)),
                           on_hold=lambda outcome, waited_s: holds.append((outcome, waited_s)))
-    with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
-         nginx_gateway(admission=endpoint, upstreams=upstreams,
-                       trusted_priority_header="x-request-priority") as (url, _):
+    with behind_nginx(thread, admission) as (endpoint, url):
         yield dict(thread=thread, board=board, url=url, endpoint=endpoint, results=results, holds=holds)
     thread.close()
 
@@ -164,22 +185,46 @@ def test_a_held_request_fails_open_when_the_endpoint_dies_during_the_hold():
 
 def test_a_held_request_of_an_unknown_class_is_counted_once():
     """nginx asks twice on the hold path (the ordinary subrequest, then the hold's): one request, one count."""
-    thread = LoopThread()
     board = DecisionBoard()
     unknown: list[int] = []
     admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="x-request-priority",
                           default_class="standard", retry_after_s=7, max_hold_s=MAX_HOLD_S,
                           on_unknown=lambda: unknown.append(1))
-    try:
-        with serving(thread, admission.app()) as endpoint, model_upstreams() as upstreams, \
-             nginx_gateway(admission=endpoint, upstreams=upstreams,
-                           trusted_priority_header="x-request-priority") as (url, _):
-            at_zero(board, thread)
-            with ThreadPoolExecutor(1) as pool:
-                answer = pool.submit(get, f"{url}/v1/completions", "no-such-class", COMPLETION)
-                wait_for(lambda: board.held_requests == 1)
-                thread.run(board.set_ready(1))
-                status, _ = answer.result(5)
-    finally:
-        thread.close()
+    with at_zero_behind_nginx(board, admission) as (thread, _, url), ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(get, f"{url}/v1/completions", "no-such-class", COMPLETION)
+        wait_for(lambda: board.held_requests == 1)
+        thread.run(board.set_ready(1))
+        status, _ = answer.result(5)
     assert status == 200 and len(unknown) == 1
+
+
+def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
+    """The endpoint `autoscaler run` builds, behind the real nginx: a request held at zero counts in the
+    per-class arrivals the loop reads (`PriorityCounter`) while it is held, not only once a replica takes it,
+    and not again when it is answered; the same through ext_authz. Before, it counted when answered: nothing
+    while held, so a wake saw only what the Ready replicas already took."""
+    from autoscaler.clock import SystemClock
+    from autoscaler.config import Settings
+    from autoscaler.loop import PriorityCounter
+    from autoscaler.metrics import ControllerMetrics
+    from autoscaler.runtime import Parts, build_admission
+
+    settings = Settings(target={"namespace": "llm", "name": "m"}, mode="actuate", prometheus={"url": "http://p:9090"},
+                        policy={"min_replicas": 0, "idle_after_s": 60.0},
+                        admission={"queue_probe_interval_s": None, "max_hold_s": 5.0,
+                                   "priority_header": "x-request-priority"})
+    board, counted = DecisionBoard(), PriorityCounter()
+    admission = build_admission(settings, None, None, board=board, metrics=ControllerMetrics(),
+                                priorities=counted, clock=SystemClock(), parts=Parts())
+    with at_zero_behind_nginx(board, admission) as (thread, endpoint, url):
+        with ThreadPoolExecutor(2) as pool:
+            through_nginx = pool.submit(get, f"{url}/v1/completions", "critical", COMPLETION)
+            wait_for(lambda: board.held_requests == 1)
+            through_envoy = pool.submit(get, f"{endpoint}/ext_authz/v1/completions", "sheddable")
+            wait_for(lambda: board.held_requests == 2)
+            assert counted.counts == {"critical": 1, "sheddable": 1}, "counted while held"
+            thread.run(board.set_ready(1))
+            assert through_nginx.result(5)[0] == 200 and through_envoy.result(5)[0] == 200
+        assert counted.counts == {"critical": 1, "sheddable": 1}, "not counted again when answered"
+        assert get(f"{url}/v1/completions", "standard", COMPLETION)[0] == 200  # Ready: the ordinary path
+        assert counted.counts == {"critical": 1, "sheddable": 1, "standard": 1}

@@ -122,11 +122,44 @@ def test_while_waking_the_held_queue_does_not_order_replicas_beyond_the_rate():
     assert d.replicas >= 1 and any(r.startswith("wake: ") for r in d.reasons)
     (d, state), (unchecked, _) = tick(state, 1, spec_replicas=d.replicas, ready=0, queue=200.0)
     assert unchecked.replicas > 4  # the queue-drain sizing alone asks for more
-    assert 1 <= d.replicas <= 3 and any("to drain the queue held" in r for r in d.reasons), d.reasons
+    assert 1 <= d.replicas <= 3 and any(r.startswith("wake: ") and "at once" in r for r in d.reasons), d.reasons
     (d, state), _ = tick(state, 2, spec_replicas=3, ready=1, queue=150.0)  # one of three Ready: still waking
     assert d.replicas <= 3
     (d, state), (unchecked, _) = tick(state, 3, spec_replicas=3, ready=3, queue=100.0)  # all Ready: over
     assert state.woke_at_s is None and d.replicas == unchecked.replicas
+
+
+def test_the_whole_wake_is_ordered_on_its_first_tick_with_the_held_backlog():
+    """At zero, 40 req/s arrive and 300 requests are held. The first tick orders the rate plus the backlog the
+    replicas will find when they land (300 + 40 req/s x one lead time, served within one lead time): about twice
+    the rate's replicas at once, past the scale-up limit (4 a tick) and the burst confirmation, and never fewer
+    while the wake lasts; the wake lasts while requests are held, also with every replica Ready. Before, the
+    first tick ordered 4 and the order grew tick by tick, each step a cold start of its own."""
+    from policies.sizing import replicas_for_rate
+    from policies.stages.idle import wake_rate
+
+    _, state, _ = run(SPEC, busy_then_quiet(25))
+
+    def tick(state, i, *, spec_replicas, ready, held, rate=40.0):
+        now, cluster = starting(i, spec_replicas=spec_replicas, ready=ready)
+        sig = Signals(cluster=cluster, arrival_rate_per_s=Sample(rate, now), in_flight=Sample(ready * 16.0, now),
+                      queue_depth=Sample(0.0, now), held_requests=Sample(held, now))
+        return decide(SPEC, state, sig, now)
+
+    d, state = tick(state, 0, spec_replicas=0, ready=0, held=300.0)
+    lead_s = d.lead_time_s
+    wanted = wake_rate(rate_per_s=40.0, held=300.0, lead_s=lead_s, left_s=lead_s)
+    assert wanted == pytest.approx(80.0 + 300.0 / lead_s)
+    service_s = 8.0 / 5.0  # learned from the busy ticks: 8 in flight at 5 req/s
+    rate_only = replicas_for_rate(SPEC, 40.0, service_s)
+    assert d.replicas == replicas_for_rate(SPEC, wanted, service_s) > max(4, rate_only), d.reasons
+    first = d.replicas
+    d, state = tick(state, 1, spec_replicas=first, ready=0, held=900.0, rate=5.0)  # a lull: not fewer
+    assert d.replicas == first
+    d, state = tick(state, 2, spec_replicas=first, ready=first, held=500.0)  # all Ready, backlog held: waking
+    assert state.woke_at_s is not None and d.replicas >= first
+    d, state = tick(state, 3, spec_replicas=first, ready=first, held=0.0)  # released: over
+    assert state.woke_at_s is None
 
 
 def test_at_zero_the_pods_signals_are_gone_and_the_held_requests_still_make_a_valid_decision():

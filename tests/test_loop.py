@@ -211,6 +211,29 @@ def test_demand_counts_what_the_gateway_shed():
     assert asyncio.run(collect(1030.0)).arrival_rate_per_s.value == 10.0  # 4 req/s counted < 10 served
 
 
+def test_at_zero_the_requests_held_are_the_arrival_rate():
+    """At zero no server reports a rate (the query finds no series); the admission endpoint counted each held
+    request when its hold started: while it holds requests, that count is the arrival rate. Without a hold a
+    missing rate stays missing (the policy holds on missing data). Before, the rate stayed missing at zero."""
+    from autoscaler.loop import PriorityCounter
+
+    c, _ = controller(values={"in_flight": 0.0, "queue_depth": 0.0, "service_time_s": 1.0}, replicas=0)
+    c.reports_held, c.priorities = True, PriorityCounter()
+
+    async def collect(now):
+        return await c.collect(now)
+
+    asyncio.run(collect(1000.0))
+    for _ in range(30):  # 30 requests held in 15 s
+        c.priorities.add("critical")
+    c.board.held_requests = 30
+    signals = asyncio.run(collect(1015.0))
+    assert signals.arrival_rate_per_s.value == 2.0 and signals.held_requests.value == 30
+    c.board.held_requests = 0
+    c.priorities.add("critical")
+    assert asyncio.run(collect(1030.0)).arrival_rate_per_s is None
+
+
 def test_a_follower_that_takes_the_lease_holds_the_leaders_replicas_for_a_window():
     """The leader scaled to 12 for a burst the follower did not see (it needs 2): on taking over, the follower
     keeps 12 for a stabilization window, as the leader would have, then scales down."""

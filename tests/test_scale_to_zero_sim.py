@@ -96,19 +96,19 @@ def test_the_release_sees_a_replica_ready_at_the_loops_next_tick():
     np.testing.assert_allclose(sim.hold_s, [105.0, 104.0, 133.0, 132.0, 71.0, 70.0])
 
 
-def test_a_held_request_counts_as_an_arrival_when_the_endpoint_answers_it():
-    """The live controller counts a request's class when the admission endpoint answers it, and the servers
-    count it once it reaches them: during the hold the arrival rate reads 0 (the held requests are the
-    demand), and a released request counts in the tick of its release. Before, the simulator counted the six
-    at their arrival (0.4 req/s in the tick to 15 s)."""
+def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
+    """The live endpoint counts a request's class when it starts holding it: the wake sees the demand that is
+    waiting (0.4 req/s in the tick to 15 s, by class), not what the Ready replicas take. A released request
+    does not count again. Before, the simulator counted a held request only when it was answered: 0 req/s
+    until the release, then the released ones (2/15 req/s of critical in the tick to 90 s)."""
     seen = {}
     wake(RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0),
          probe=lambda now, signals: seen.setdefault(now, signals))
-    assert seen[15.0].arrival_rate_per_s.value == 0.0 and seen[15.0].held_requests.value == 6
-    assert seen[90.0].arrival_rate_by_priority["critical"] == pytest.approx(2 / 15)  # released at 75 s
-    assert seen[120.0].arrival_rate_by_priority == {"critical": 0.0, "standard": pytest.approx(2 / 15),
-                                                    "sheddable": 0.0}
-    assert seen[90.0].arrival_rate_per_s.value == pytest.approx(2 / 15)
+    assert seen[15.0].arrival_rate_per_s.value == pytest.approx(6 / 15) and seen[15.0].held_requests.value == 6
+    assert seen[15.0].arrival_rate_by_priority == {"critical": pytest.approx(2 / 15),
+                                                   "standard": pytest.approx(4 / 15), "sheddable": 0.0}
+    assert seen[90.0].arrival_rate_per_s.value == 0.0  # released at 75 s: not counted a second time
+    assert seen[120.0].arrival_rate_by_priority == {"critical": 0.0, "standard": 0.0, "sheddable": 0.0}
 
 
 def test_a_request_held_past_max_hold_s_is_dropped_and_never_served():

@@ -20,9 +20,11 @@ serve or queue), the highest class first, then arrival order; released, it meets
 saturation guard as any arrival (the endpoint answers it then), and joins the replicas' queue. Its hold is
 until its release, its wait (hold + queue) counts against the SLO, and it is reported apart; held longer
 than `max_hold_s`, it is dropped (the gateway's 503: never served, an SLO miss). The signals carry
-`held_requests`, the requests held now; the queue is the replicas' queue only. With `ready_seen_every_s`
-the release sees a replica Ready only from the loop's next tick (it ticks that often while requests are held
-and publishes the Ready count with its decision); without, at once.
+`held_requests`, the requests held now; the queue is the replicas' queue only; a held request counts as an
+arrival of its class when its hold starts, as the live endpoint counts it (the demand is seen at once, not
+as the Ready replicas take it). With `ready_seen_every_s` the release sees a replica Ready only from the
+loop's next tick (it ticks that often while requests are held and publishes the Ready count with its
+decision); without, at once.
 
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
@@ -34,7 +36,6 @@ long ones, and the last reading, which the policy keeps while the servers report
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import deque
@@ -129,7 +130,6 @@ class RequestSim:
         self.dropped = np.zeros(n, dtype=bool)  # held longer than max_hold_s: 503, never served
         self._holding: ReleaseOrder[int] = ReleaseOrder()  # held now, in release order
         self._per: PerReplica | None = None  # what a Ready replica takes, from the latest decision with one
-        self._answers: list[tuple[float, int]] = []  # (when, class) a held request was answered, in time order
         self.wake_start: list[str | None] = [None] * n  # a held request's wake: its first replica on a slot or node
         self._wake: str | None = None  # the wake in progress
 
@@ -145,7 +145,6 @@ class RequestSim:
         counts = [float(cum[i, hi] - cum[i, tick_lo]) for i in range(len(self.classes))]
         if self.max_hold_s is not None:
             self._expire(now)
-            counts = self._answered(counts, now - self.tick_s, now, tick_lo, hi)
         by_class = {c: n / tick for c, n in zip(self.classes, counts)}
         waits = self.wait[lo:hi]
         gone = self.shed[lo:hi] | self.dropped[lo:hi]  # answered 429, or 503 after a hold: no wait
@@ -228,7 +227,6 @@ class RequestSim:
             while self._holding and left >= 1:
                 j = self._holding.pop()
                 self.hold_s[j] = t - arr[j]
-                self._answers.append((t, prio[j]))
                 if self.max_hold_s is not None and t - arr[j] > self.max_hold_s:
                     self.hold_s[j], self.dropped[j] = self.max_hold_s, True
                 elif admitted(j, t):
@@ -300,19 +298,6 @@ class RequestSim:
         mask = (done > now - window) & (done <= now)
         return Sample(float(svc[lo:hi][mask].mean()), now) if mask.any() else None
 
-    def _answered(self, counts: list[float], lo: float, hi: float, first: int, last: int) -> list[float]:
-        """Per class, the requests the endpoint answered in [lo, hi) (a release at `hi` comes after this reading,
-        in the serving from `hi`): the arrivals `first:last` less those held,
-        plus the held ones answered then (released, or dropped). The live controller counts a request's class
-        when the endpoint answers it, and the servers count it once it reaches them: a held request shows in
-        neither before its release, so at zero the arrival rate reads 0 and the held requests are the demand."""
-        held = np.bincount(self.w.priority[first:last][self.held[first:last]], minlength=len(counts))
-        out = [c - float(h) for c, h in zip(counts, held)]
-        start = bisect.bisect_left(self._answers, (lo, -1))
-        for _, c in self._answers[start:bisect.bisect_left(self._answers, (hi, -1))]:
-            out[c] += 1.0
-        return out
-
     def _expire(self, now: float) -> None:
         """Drop the requests held longer than `max_hold_s` by `now` (the gateway's 503)."""
         assert self.max_hold_s is not None
@@ -323,7 +308,6 @@ class RequestSim:
         for j in self._holding:
             if now - arr[j] > limit:
                 self.hold_s[j], self.dropped[j] = limit, True
-                bisect.insort(self._answers, (arr[j] + limit, self._prio[j]))
             else:
                 kept.push(-self._prio[j], j)
         self._holding = kept

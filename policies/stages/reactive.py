@@ -35,12 +35,15 @@ def learn_service_time(spec: PolicySpec, previous: float | None, clean: Clean) -
     Little's law on the servers, in-flight = throughput x E[S], trusted only when the queue is (nearly)
     empty so that throughput ~= arrival rate. The measured value wins: Little's law on an instantaneous
     gauge against a 1-minute rate is biased on bursty traffic. Samples outside 1 ms .. 1 h are clamped, and
-    Little's law needs at least one arrival per tick: a near-zero rate would "learn" an absurd time."""
+    Little's law needs at least one arrival per tick: a near-zero rate would "learn" an absurd time. Nor is it
+    used while the gateway holds requests (scale to zero): the replicas then serve a released backlog that
+    arrived before the rate's window, and in-flight / rate read 45 s for a 0.7-s service on the Azure code
+    trace (`--idle-after-s 60`), which sized 461 replicas for its forecast."""
     if clean.service_time_s is not None:
         sample = min(MAX_SERVICE_S, max(MIN_SERVICE_S, clean.service_time_s))
         return sample if previous is None else previous + MEASURED_SERVICE_WEIGHT * (sample - previous)
     inflight, rate, queue = clean.in_flight, clean.arrival_rate_per_s, clean.queue_depth
-    if inflight is None or rate is None or rate * spec.tick_s < 1 or inflight < 1:
+    if inflight is None or rate is None or rate * spec.tick_s < 1 or inflight < 1 or (clean.held_requests or 0) > 0:
         return previous
     if queue is not None and queue > 1 + LITTLE_MAX_QUEUE_RATIO * inflight:
         return previous
