@@ -5,6 +5,7 @@ before it and rates of a window still filling are not a level the model served (
 import pytest
 
 from autoscaler.config import Settings
+from autoscaler.crd import ModelAutoscalerSpec, settings_for
 from policies import PolicySpec
 from policies.stages import forecast as fc
 from policies.types import ForecastState
@@ -72,3 +73,10 @@ def test_the_controller_tells_the_policy_its_preset_rate_window():
     # an arrival query of its own: its window is not known, nothing assumed
     own = _settings({"queries": {"arrival_rate_per_s": "sum(rate(requests_total[2m]))"}})
     assert own.policy.rate_window_s is None
+
+
+def test_each_model_of_the_fleet_is_told_its_own_rate_window():
+    spec = ModelAutoscalerSpec.model_validate({"target": {"name": "chat"}, "selector": {"matchLabels": {"app": "chat"}},
+                                               "signals": {"prometheus": {"rate_window_s": 6.0}}})
+    settings = settings_for(namespace="llm", spec=spec, base={"prometheus": {"url": "http://127.0.0.1:9090"}})
+    assert settings.policy.rate_window_s == 6.0
