@@ -6,6 +6,7 @@ import pytest
 
 from autoscaler.config import Settings
 from autoscaler.crd import ModelAutoscalerSpec, settings_for
+from loadtest.e2e.config import E2EConfig
 from policies import PolicySpec
 from policies.stages import forecast as fc
 from policies.types import ForecastState
@@ -80,3 +81,9 @@ def test_each_model_of_the_fleet_is_told_its_own_rate_window():
                                                "signals": {"prometheus": {"rate_window_s": 6.0}}})
     settings = settings_for(namespace="llm", spec=spec, base={"prometheus": {"url": "http://127.0.0.1:9090"}})
     assert settings.policy.rate_window_s == 6.0
+
+
+def test_the_twin_runs_the_live_policy_with_the_live_rate_window():
+    config = E2EConfig()
+    assert config.spec().rate_window_s == config.rate_window_s  # the twin's policy, at factor 1
+    assert config.live_spec()["rate_window_s"] == config.rate_window_s / config.factor  # the live controller's
