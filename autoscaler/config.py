@@ -292,6 +292,17 @@ class Settings(BaseSettings):
         if len(set(folded)) < len(folded):
             raise ValueError(f"policy.priorities {sorted(self.policy.priorities)}: names must differ in more than "
                              "case (the admission endpoint matches them case-insensitively)")
+        return self._with_rate_window()
+
+    def _with_rate_window(self) -> "Settings":
+        """The policy told the window its arrival rate is averaged over, when unset there and the rate is the
+        preset query's (`policy.rate_window_s`: a rate read within it of the first request is not learned);
+        an overridden query's window is not known."""
+        preset = self.prometheus.url is not None and "arrival_rate_per_s" not in self.prometheus.queries
+        if self.policy.rate_window_s is None and preset:
+            # frozen: set once, here, before anyone holds the settings
+            object.__setattr__(self, "policy",
+                               self.policy.model_copy(update={"rate_window_s": self.prometheus.rate_window_s}))
         return self
 
     @property

@@ -66,6 +66,10 @@ class PolicySpec(BaseModel):
         300.0, ge=0, description="Added to lead time when no warm or idle slot is free, until pods' waits for new "
         "nodes are learned.")
     forecast_bucket_s: float = Field(300.0, gt=0, description="Demand history resolution.")
+    rate_window_s: float | None = Field(
+        None, ge=0, description="The window the arrival-rate signal is averaged over (in the controller: "
+        "prometheus.rate_window_s when unset): for this long after a model's first request the rate under-reads "
+        "and the forecaster does not learn it. Unset: a rate per tick (the simulator's).")
     season_s: float = Field(86400.0, gt=0, description="Seasonal period of demand (daily).")
     seasonal_min_cycles: int = Field(2, ge=2, description="Full seasons of history before Holt-Winters.")
     history_kept_s: float = Field(7 * 86400.0, gt=0)

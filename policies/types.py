@@ -114,7 +114,9 @@ class ForecastState:
     trend and season with the Holt-Winters recursion using the fitted smoothing parameters (cheap, exact
     continuation of the fitted filter)."""
 
-    bucket_start_s: float | None = None
+    bucket_start_s: float | None = None  # None: the history has not begun (see forecast.py, "Before the first request")
+    # When the model's first request was read (its first non-zero arrival rate) while the history had not begun.
+    first_demand_s: float | None = None
     bucket_sum: float = 0.0
     bucket_n: int = 0
     history: tuple[float, ...] = ()

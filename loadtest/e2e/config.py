@@ -60,6 +60,9 @@ class E2EConfig:
             tick_s=self.tick_s, min_replicas=1, max_replicas=self.max_replicas, replica_concurrency=self.concurrency,
             slo_queue_wait_s=self.slo_s, p99_latency_target_s=self.slo_s, default_startup_s=self.startup_s,
             node_provisioning_s=self.node_provisioning_s, max_warm_slots=8,
+            # the live arrival rate is Prometheus' rate over this window: the twin's policy skips the same first
+            # window after the first request as the live one (policies/stages/forecast.py)
+            rate_window_s=self.rate_window_s,
         )
         return PolicySpec(**{**base, **self.policy})
 

@@ -44,6 +44,15 @@ fleet's GPUs; taking a return that holds for a burst pays a cold start of missed
 forecast learned hours of zeros orders nothing until the burst is confirmed, then follows the rate up).
 The memory is dropped `burst_lookback_s` after the return.
 
+Before the first request: the history begins at the model's first non-zero arrival rate. Zeros read
+before it (a controller started before its load, a model deployed before its traffic is routed) are not a
+level the model served: learned, they pull the first bucket down (seen live: two ticks of 0 and a filling
+window put a 10-req/s model's first bucket at 5.4), the ratios observed / expected against it read as
+bursts for `burst_lookback_s`, and the traffic never looks steady. Nor is a rate read within `rate_window_s`
+of that first request learned: the window still holds the time before it, so it under-reads (6.0, then 9.3
+of 10). Nothing is learned, scored or bucketed until then. Once the history has begun, zeros are demand like
+any other (silence, scale to zero, an outage, as below).
+
 Through the silence (after the outage hold, for at most one season from its start: by then a day has
 passed without the traffic), the capacity the classes that are never shed (the protected share, as for a
 one-off burst) need for their share of the interrupted rate is kept (`kept_through_silence`): they must
@@ -226,6 +235,9 @@ def observe(
 ) -> ForecastState:
     """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned);
     `protected`: the share of this tick's arrivals in classes that are never shed, if measured per class."""
+    fs, begun = _begun(spec, fs, rate, now)
+    if not begun:
+        return fs
     fs = _close_buckets(spec, fs, now)
     wanted = _wanted_kind(spec, len(fs.history))
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
@@ -258,6 +270,19 @@ def observe(
             ratios = (ratios + (ratio,))[-_kept(spec):]
     rates = (fs.rates + (rate,))[-_kept(spec):]
     return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates)
+
+
+def _begun(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> tuple[ForecastState, bool]:
+    """Whether the history has begun by this tick: the model's first request read (its time remembered), and
+    its rate window full since (see the module docstring, "Before the first request")."""
+    if fs.bucket_start_s is not None:
+        return fs, True
+    first_s = fs.first_demand_s
+    if first_s is None:
+        if not rate:  # no reading, or a zero before any request: not a level the model served
+            return fs, False
+        fs, first_s = replace(fs, first_demand_s=now), now
+    return fs, now - first_s >= (spec.rate_window_s or 0.0)
 
 
 def _silence(spec: PolicySpec, fs: ForecastState, rate: float, now: float) -> ForecastState:
