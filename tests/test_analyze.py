@@ -144,7 +144,9 @@ def test_the_recommended_section_is_accepted_by_run_replay_and_the_benchmark(ans
     config = tmp_path / "controller.yaml"  # run: the section pasted into a controller config
     config.write_text("target: {namespace: llm, name: model}\nprometheus: {url: 'http://prom:9090'}\n"
                       + written.read_text())
-    assert load_config(config).policy == spec
+    policy = load_config(config).policy  # run fills the rate window in from its prometheus section
+    assert policy.rate_window_s == 60.0 and spec.rate_window_s is None
+    assert policy.model_copy(update={"rate_window_s": None}) == spec
     assert bench(["--trace", str(BUNDLED_TRACE), "--policies", "predictive", "--concurrency", "8",
                   "--policy-config", str(written), "--json"]) == 0
 

@@ -43,7 +43,8 @@ def test_every_panel_query_answers_from_a_running_controller(cluster):
         settings = Settings(
             target={"namespace": ns, "name": "model"}, mode="shadow", http_port=http_port,
             prometheus={"url": prom, "selector": 'namespace="llm"'},
-            policy={"tick_s": 1.0, "replica_concurrency": 4, "forecast_bucket_s": 2.0},
+            policy={"tick_s": 1.0, "replica_concurrency": 4, "forecast_bucket_s": 2.0,
+                    "rate_window_s": 2.0},  # the forecast learns from two seconds after the first request
             warm_pool={"enabled": False}, admission={"port": admission_port},
         )
         thread = LoopThread()
