@@ -27,6 +27,7 @@ from autoscaler.errors import ConfigError
 from autoscaler.presets import DCGM_HEADROOM, GATEWAY_PRESETS, PRESETS, queries
 from autoscaler.textfile import read_text
 from policies import PolicySpec
+from policies.fleet import FleetSpec
 from policies.types import SAMPLE_SIGNALS
 
 # Unless set, a tick must finish its I/O within 80 % of the period: the rest keeps ticks from overlapping
@@ -226,6 +227,33 @@ class LeaderElection(_Strict):
         return self
 
 
+class FleetDecision(_Strict):
+    """How the fleet decision orders and smooths the models (policies.fleet.FleetSpec; docs/fleet.md)."""
+
+    levels: list[tuple[Annotated[int, Field(ge=0, le=1000)], str]] = Field(
+        default_factory=list, description="(tier, class) pairs served in this order, highest first, e.g. class-major "
+        "[[0, critical], [1, critical], [0, standard], ...]; levels not named come after, tier-major; empty: "
+        "tier-major (tier 0 critical first, the lowest tier's sheddable last).")
+    warm_after: str = Field("last", description="Where a tier's pooled warm slots rank: last (after every "
+                            "replica), tier (after the tier's own replicas), or a class name.")
+    warm_stabilization_s: float = Field(0.0, ge=0, le=86400, description="The pooled warm size shrinks only to "
+                                        "the largest it needed within this window.")
+    warm_correlation_ratio: float = Field(0.0, ge=0, le=1, description="0: the pool sized for the fleet's summed "
+                                          "demand's growth; 1: the sum of each model's own (surges that coincide).")
+    zero_wake_slots: int = Field(1, ge=0, le=64, description="Pooled warm slots risked for each model at zero "
+                                 "(its wake's first replica); 0: none.")
+
+    @model_validator(mode="after")
+    def _valid_spec(self) -> FleetDecision:
+        self.spec()  # FleetSpec's own checks (classes named in levels, warm_after), as one clear error
+        return self
+
+    def spec(self) -> FleetSpec:
+        return FleetSpec(levels=tuple((t, c) for t, c in self.levels), warm_after=self.warm_after,
+                         warm_stabilization_s=self.warm_stabilization_s,
+                         warm_correlation_ratio=self.warm_correlation_ratio, zero_wake_slots=self.zero_wake_slots)
+
+
 class Fleet(_Strict):
     """Fleet mode: control every ModelAutoscaler object (docs/fleet-controller.md) instead of one `target`."""
 
@@ -239,6 +267,8 @@ class Fleet(_Strict):
                         "0: no sharding, the process's leader election gates every write.")
     lease_namespace: str | None = Field(
         None, min_length=1, description="Namespace of the controller's Leases; default: POD_NAMESPACE, else default.")
+    decision: FleetDecision = Field(default_factory=FleetDecision, description="The fleet decision's order and "
+                                    "pooled warm capacity (used when capacity caps the fleet's GPUs).")
 
 
 class Settings(BaseSettings):

@@ -101,7 +101,8 @@ NOMINAL = "nominal"  # the pseudo-class of the guaranteed (nominal) level, serve
 @dataclass(frozen=True, slots=True)
 class FleetSpec:
     """How the fleet is ordered and smoothed. `levels`: (tier, class) pairs, highest first; empty: every
-    tier present, tier-major over `classes` (highest class first)."""
+    tier present, tier-major over `classes` (highest class first); levels not named come after the named
+    ones, in that default order."""
 
     classes: tuple[str, ...] = DEFAULT_CLASSES
     levels: tuple[tuple[int, str], ...] = ()
@@ -119,6 +120,11 @@ class FleetSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.zero_wake_slots, int) or self.zero_wake_slots < 0:
             raise ValueError(f"zero_wake_slots = {self.zero_wake_slots!r}: expected a whole number >= 0")
+        unknown = sorted({c for _, c in self.levels} - set(self.classes))
+        if unknown:
+            raise ValueError(f"levels name classes {unknown}: expected classes among {self.classes}")
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"levels = {self.levels!r}: a (tier, class) pair is named twice")
         if self.warm_after not in ("tier", "last", *self.classes):
             raise ValueError(f"warm_after = {self.warm_after!r}: expected 'tier', 'last' or one of {self.classes}")
 
@@ -230,10 +236,12 @@ def class_demand(decision: Decision, rates_by_class: Mapping[str, float],
 
 
 def level_order(spec: FleetSpec, models: list[ModelDemand]) -> list[tuple[int, str]]:
-    if spec.levels:
-        return list(spec.levels)
+    """`spec.levels` first, then every level of a present tier they do not name, tier-major: an explicit order
+    that forgets a tier or a class serves it last, never not at all (its demand would get no replica)."""
     tiers = sorted({m.tier for m in models})
-    return [(t, c) for t in tiers for c in spec.classes]
+    default = [(t, c) for t in tiers for c in spec.classes]
+    named = set(spec.levels)
+    return list(spec.levels) + [lv for lv in default if lv not in named]
 
 
 @dataclass

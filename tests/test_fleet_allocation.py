@@ -47,6 +47,27 @@ def test_two_tiers_under_a_fleet_gpu_cap_the_top_tier_keeps_its_replicas_the_low
     assert top["replicas"] == 4 and {c["type"]: c["status"] for c in top["conditions"]}["CappedByBudget"] == "False"
 
 
+def test_the_configured_level_order_is_the_fleet_decisions(cluster, crd, namespace):  # noqa: F811 - the fixture
+    """The same two models and cap, with `fleet.decision.levels` naming tier 1's levels first: tier 1 keeps its
+    4 replicas and tier 0 gets the one GPU left (its levels, not named, come after)."""
+    ns = namespace
+    create(cluster, ns, ["top", "low"])
+    for name, tier in (("top", 0), ("low", 1)):
+        assert cluster.request("PATCH", objects_path(ns, name), {"spec": {"tier": tier}})[0] == 200
+    base = fleet_settings(ns)
+    levels = [[1, c] for c in ("critical", "standard", "sheddable")]
+    settings = base.model_copy(update={
+        "capacity": base.capacity.model_copy(update={"max_gpus": 5}),
+        "fleet": base.fleet.model_validate({**base.fleet.model_dump(), "decision": {"levels": levels}})})
+
+    async def go():
+        async with Running(cluster, settings, Hub({(ns, "top"): 64, (ns, "low"): 64})) as run:
+            await run.fleet.tick()
+
+    asyncio.run(go())
+    assert (replicas(cluster, ns, "top"), replicas(cluster, ns, "low")) == (1, 4)
+
+
 class RateHub(Hub):
     """The test's in-flight requests, and as many arriving per second (1 s each): enough for a growth risk."""
 

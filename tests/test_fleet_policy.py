@@ -162,6 +162,23 @@ def test_levels_in_order_and_configurable():
     assert decision.models["top"].replicas_by_class == {"critical": 2, "standard": 4}
 
 
+def test_levels_an_explicit_order_forgets_are_served_last_not_never():
+    """Only tier 0's critical named: it comes first, then the default order of the rest (tier 1 included)."""
+    models = [ModelDemand("top", demand(critical=2, standard=2), tier=0),
+              ModelDemand("low", demand(critical=3), tier=1)]
+    spec = FleetSpec(levels=((1, "critical"),))
+    assert level_order(spec, models) == [(1, "critical"), (0, "critical"), (0, "standard"), (0, "sheddable"),
+                                         (1, "standard"), (1, "sheddable")]
+    decision, _ = allocate(spec, models, Budgets(fleet_gpus=4), FleetState(), 0.0)
+    assert decision.models["low"].replicas == 3 and decision.models["top"].replicas == 1
+    unbounded, _ = allocate(spec, models, Budgets(), FleetState(), 0.0)
+    assert (unbounded.models["top"].replicas, unbounded.models["low"].replicas) == (4, 3)
+    with pytest.raises(ValueError, match="classes"):
+        FleetSpec(levels=((0, "premium"),))
+    with pytest.raises(ValueError, match="twice"):
+        FleetSpec(levels=((0, "critical"), (0, "critical")))
+
+
 def test_timeline_ties_stay_with_the_incumbent():
     """Two equal models, 15 GPUs for 20 wanted: the odd replica stays where it was, tick after tick. Without
     the incumbent's credit the tie would go to "a" by name and the replica would move from "b" to "a"."""

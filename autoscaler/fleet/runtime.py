@@ -102,7 +102,7 @@ def build_step(settings: Settings, kube: Kube) -> FleetStep | None:
         pooled = PooledWarmPool(kube, namespace=lease_namespace(settings), priority_class=warm.priority_class,
                                 pause_image=warm.pause_image, max_slots=settings.policy.max_warm_slots)
     return FleetStep(budgets=Budgets(fleet_gpus=capacity.max_gpus), namespace_gpus_each=capacity.namespace_max_gpus,
-                     pooled=pooled)
+                     spec=settings.fleet.decision.spec(), pooled=pooled)
 
 
 def shared_io(settings: Settings, kube: Kube, session: aiohttp.ClientSession) -> tuple[SignalHub | None,
