@@ -1,0 +1,172 @@
+"""The forecaster's statsmodels refits in a child process, so the controller never imports statsmodels.
+
+Why: statsmodels and what it imports (pandas, scipy.optimize, scipy.stats, patsy) add about 91 MB to a
+process (docs/speed.md), for a fit that runs every `refit_interval_s` (6 h by default) per model. The
+controller passes a `ProcessFitter` to `decide` (`policies.stages.forecast.Fitter`); replays, benches and
+tests keep fitting in their own process.
+
+Design:
+- One child, `python -m autoscaler.fitchild`, started at the first refit and reused for every refit that
+  follows while it is busy (a fleet's models refit in the same tick: the child's imports are paid once
+  per batch); it exits after `idle_s` without a fit, so its memory is held only while it fits. Requests
+  are serialised under a lock: one fit at a time, in the caller's thread (decide runs in a worker thread,
+  so the event loop keeps answering while a fit runs).
+- The child runs `forecast.in_process` on the same bytes and sends back its result pickled: the same
+  floats, bit for bit, as a fit in this process (tests/test_fitchild.py).
+- Failure safety: a child that cannot start, exits (crash, OOM kill) or does not answer within `timeout_s`
+  (killed) raises `FitUnavailable` with the reason: the policy keeps the previous parameters and names the
+  reason in its decisions. The failure is counted (`autoscaler_refit_failures_total{reason}`) and logged.
+  For `backoff_s` after a failure every call raises at once, so a broken child costs one timeout per
+  `backoff_s`, not one per tick; the next call after that starts a fresh child.
+- The child's peak resident memory (its own ru_maxrss, sent with every answer) is kept in `peak_rss_mb`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter
+
+from policies.stages.forecast import FitUnavailable
+
+log = structlog.get_logger("autoscaler")
+
+# A fit on a week of 5-min buckets takes about 0.2 s, the child's imports about 1.5 s (docs/speed.md); a
+# loaded node may take several times that. The decide of the model that waits is late by at most this.
+TIMEOUT_S = 30.0
+IDLE_S = 60.0
+BACKOFF_S = 300.0
+COMMAND = (sys.executable, "-m", "autoscaler.fitchild")
+
+
+class _Child:
+    """A running child and the two ends of its pipe."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+    def ask(self, request: tuple[bytes, int, bool], timeout_s: float) -> Any:
+        """The child's answer, or FitUnavailable (it exited, or did not answer in time)."""
+        try:
+            self.send.send(request)
+            if not self.recv.poll(timeout_s):
+                raise FitUnavailable(f"the fit process did not answer within {timeout_s:.0f} s")
+            return self.recv.recv()
+        except (EOFError, OSError) as exc:
+            code = self.proc.poll()
+            raise FitUnavailable(f"the fit process exited (code {code})" if code is not None
+                                 else f"the fit process's pipe failed: {exc}") from exc
+
+    def stop(self) -> None:
+        self.send.close()  # the child exits on end of input
+        try:
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.recv.close()
+
+
+class ProcessFitter:
+    """A `forecast.Fitter` that runs the fit in a child process (see the module docstring)."""
+
+    def __init__(self, *, timeout_s: float = TIMEOUT_S, idle_s: float = IDLE_S, backoff_s: float = BACKOFF_S,
+                 registry: CollectorRegistry | None = None, command: Sequence[str] = COMMAND) -> None:
+        self.timeout_s, self.idle_s, self.backoff_s, self.command = timeout_s, idle_s, backoff_s, command
+        self.failures = Counter("autoscaler_refit_failures_total", "Due refits that could not run in the fit "
+                                "process (previous parameters kept), by reason", ["reason"],
+                                registry=registry if registry is not None else CollectorRegistry())
+        self.peak_rss_mb: float | None = None
+        self.fits = 0
+        self._lock = threading.Lock()
+        self._child: _Child | None = None
+        self._failed_at: tuple[float, str] | None = None  # (monotonic time, reason) of the last failure
+        self._idle: threading.Timer | None = None
+
+    def __call__(self, history: bytes, m: int, seasonal: bool) -> Any:
+        with self._lock:
+            if self._idle is not None:
+                self._idle.cancel()
+            self._refuse_while_backing_off()
+            try:
+                if self._child is None:
+                    self._child = self._start()
+                fitted, peak_mb = self._child.ask((history, m, seasonal), self.timeout_s)
+            except FitUnavailable as exc:
+                self._failed(exc, "timeout" if "did not answer" in str(exc) else "exited")
+                raise
+            self.fits += 1
+            self.peak_rss_mb = max(self.peak_rss_mb or 0.0, peak_mb)
+            self._idle = threading.Timer(self.idle_s, self.close)
+            self._idle.daemon = True
+            self._idle.start()
+            return fitted
+
+    def _refuse_while_backing_off(self) -> None:
+        if self._failed_at is None:
+            return
+        at, reason = self._failed_at
+        left_s = self.backoff_s - (time.monotonic() - at)
+        if left_s > 0:
+            raise FitUnavailable(f"{reason}; next attempt in {left_s:.0f} s")
+        self._failed_at = None
+
+    def _start(self) -> _Child:
+        try:
+            return _Child(self.command)
+        except OSError as exc:
+            self._failed(FitUnavailable(f"the fit process did not start: {exc}"), "start")
+            raise FitUnavailable(f"the fit process did not start: {exc}") from exc
+
+    def _failed(self, exc: FitUnavailable, kind: str) -> None:
+        self.failures.labels(kind).inc()
+        log.warning("refit failed", reason=str(exc), kind=kind, retry_in_s=self.backoff_s)
+        self._failed_at = (time.monotonic(), str(exc))
+        if self._child is not None:
+            self._child.proc.kill()
+            self._child.stop()
+            self._child = None
+
+    def close(self) -> None:
+        """Stop the child (idle, or at shutdown); the next fit starts a new one."""
+        with self._lock:
+            if self._child is not None:
+                self._child.stop()
+                self._child = None
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KB on Linux
+
+
+def main() -> int:
+    """The child: fit each request from stdin, answer on stdout, until stdin ends."""
+    from policies.stages.forecast import in_process
+
+    requests = Connection(os.dup(0), writable=False)
+    answers = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)  # whatever a library prints goes to stderr, not into the answers
+    while True:
+        try:
+            history, m, seasonal = requests.recv()
+        except EOFError:
+            return 0
+        answers.send((in_process(history, m, seasonal), _peak_rss_mb()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
