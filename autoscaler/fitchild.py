@@ -65,9 +65,12 @@ class _Child:
                 raise FitUnavailable(f"the fit process did not answer within {timeout_s:.0f} s")
             return self.recv.recv()
         except (EOFError, OSError) as exc:
-            code = self.proc.poll()
+            try:  # the pipe closes as the child exits: wait for its exit code
+                code: int | None = self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                code = None
             raise FitUnavailable(f"the fit process exited (code {code})" if code is not None
-                                 else f"the fit process's pipe failed: {exc}") from exc
+                                 else f"the fit process's pipe failed: {exc!r}") from exc
 
     def stop(self) -> None:
         self.send.close()  # the child exits on end of input
