@@ -8,8 +8,9 @@
 2. KEDA GetMetrics latency under `rps` requests per second (open loop, each call on its own schedule):
    p50 / p99 over `seconds`.
 3. Resident memory of a controller after one hour (240 ticks) and after one day (5,760 ticks) of
-   simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits;
-   then a second controller (another model) run as long beside it, whose growth of the process's
+   simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits in a
+   child process as `autoscaler run` runs them (its peak resident memory printed too; --fit-in-process: in
+   this process, as before); then a second controller (another model) run as long beside it, whose growth of the process's
    resident memory is the per-model cost of serving several models from one process. This process also
    holds the benchmark's own modules, so a fresh process then imports only what `autoscaler run` imports
    (`autoscaler.runtime`), and then the statsmodels stack the first refit imports: the controller's floor.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import time
 
 import grpc
@@ -35,6 +37,7 @@ from autoscaler.config import Settings
 from autoscaler.external_scaler import externalscaler_pb2 as pb
 from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
 from autoscaler.external_scaler.server import start
+from autoscaler.fitchild import ProcessFitter
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import PrometheusSource, QueryResult
@@ -156,12 +159,13 @@ class SyntheticSource:
                                     "p99_latency_s": Sample(0.2, now)})
 
 
-async def memory(ticks_per_report: list[int]) -> tuple[list[tuple[int, float]], float]:
-    """RSS after each count of simulated ticks, and the RSS a second controller adds over as many ticks."""
+async def memory(ticks_per_report: list[int], fit: ProcessFitter | None = None) -> tuple[list[tuple[int, float]], float]:
+    """RSS after each count of simulated ticks, and the RSS a second controller adds over as many ticks; the
+    refits in `fit`'s child process (as `autoscaler run`), or in this one when None."""
 
     def controller(clock: ManualClock) -> Controller:
         return Controller(settings=settings(), sources=[SyntheticSource()], cluster=StaticCluster(),
-                          board=DecisionBoard(), metrics=ControllerMetrics(), clock=clock)
+                          board=DecisionBoard(), metrics=ControllerMetrics(), clock=clock, fit=fit)
 
     async def run(one: Controller, clock: ManualClock, ticks: int) -> None:
         for _ in range(ticks):
@@ -196,7 +200,6 @@ def controller_imports_mb() -> tuple[float, float]:
     """Resident memory of a fresh process after importing what `autoscaler run` imports, and after the
     statsmodels stack a refit imports."""
     import subprocess
-    import sys
 
     out = subprocess.run([sys.executable, "-c", _IMPORTS_RSS], check=True, stdout=subprocess.PIPE, text=True).stdout
     runtime_mb, fitted_mb = (float(v) for v in out.split())
@@ -214,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-ticks", default="240,5760",
                    help="simulated ticks (15 s) after which to print resident memory, comma-separated "
                         "(default: %(default)s: an hour and a day)")
+    p.add_argument("--fit-in-process", action="store_true",
+                   help="memory part: run the refits in the benchmark's own process, as replays do (default: in a "
+                        "child process, as `autoscaler run` does)")
     p.add_argument("--targets", default=None,
                    help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500; "
                         "default: the single-model modes)")
@@ -235,13 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     latencies, failures = asyncio.run(keda_latency(args.rps, args.seconds))
     print(f"KEDA GetMetrics at {args.rps} req/s for {args.seconds:.0f} s ({len(latencies)} ok, {failures} failed): "
           f"p50 {pct(latencies, 0.5) * 1e3:.2f} ms, p99 {pct(latencies, 0.99) * 1e3:.2f} ms")
-    reports, per_model = asyncio.run(memory(sorted(int(x) for x in args.memory_ticks.split(","))))
-    print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
-        f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
-        + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
+    fit = None if args.fit_in_process else ProcessFitter()
+    reports, per_model = asyncio.run(memory(sorted(int(x) for x in args.memory_ticks.split(",")), fit))
+    print(f"resident memory ({'refits in this process' if fit is None else 'refits in a child process'}): "
+          f"{start_rss:.0f} MB at start; " + "; ".join(
+              f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
+          + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
+    if fit is not None:
+        fit.close()
+        print(f"the refits' child process: {fit.fits} fits, peak {fit.peak_rss_mb or 0:.0f} MB; statsmodels in "
+              f"the controller's process: {'yes' if 'statsmodels' in sys.modules else 'no'}")
     runtime_mb, fitted_mb = controller_imports_mb()
     print(f"a fresh process: {runtime_mb:.0f} MB after `autoscaler run`'s imports, {fitted_mb:.0f} MB with the "
-          f"statsmodels stack its first refit imports")
+          f"statsmodels stack a refit in that process would import")
     return 0
 
 
@@ -249,7 +261,6 @@ def fleet_main(counts: list[int], *, ticks: int, as_json: bool, pods: bool = Fal
     """Each N in a child process (`python -m loadtest.fleetscale`), so its memory is measured alone."""
     import json
     import subprocess
-    import sys
 
     rows = []
     for n in counts:
