@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
@@ -46,11 +46,22 @@ BACKOFF_S = 300.0
 COMMAND = (sys.executable, "-m", "autoscaler.fitchild")
 
 
+class _Failure(Exception):
+    """Why the child could not fit: `kind` (start, exited, timeout) labels the metric."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
 class _Child:
     """A running child and the two ends of its pipe."""
 
     def __init__(self, command: Sequence[str]) -> None:
-        self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError as exc:
+            raise _Failure("start", f"the fit process did not start: {exc}") from exc
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -58,21 +69,23 @@ class _Child:
         self.proc.stdout.close()
 
     def ask(self, request: tuple[bytes, int, bool], timeout_s: float) -> Any:
-        """The child's answer, or FitUnavailable (it exited, or did not answer in time)."""
+        """The child's answer; `_Failure` when it exited or did not answer in time."""
         try:
             self.send.send(request)
             if not self.recv.poll(timeout_s):
-                raise FitUnavailable(f"the fit process did not answer within {timeout_s:.0f} s")
+                raise _Failure("timeout", f"the fit process did not answer within {timeout_s:.0f} s")
             return self.recv.recv()
         except (EOFError, OSError) as exc:
             try:  # the pipe closes as the child exits: wait for its exit code
                 code: int | None = self.proc.wait(2.0)
             except subprocess.TimeoutExpired:
                 code = None
-            raise FitUnavailable(f"the fit process exited (code {code})" if code is not None
-                                 else f"the fit process's pipe failed: {exc!r}") from exc
+            raise _Failure("exited", f"the fit process exited (code {code})" if code is not None
+                           else f"the fit process's pipe failed: {exc!r}") from exc
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
         self.send.close()  # the child exits on end of input
         try:
             self.proc.wait(2.0)
@@ -83,11 +96,14 @@ class _Child:
 
 
 class ProcessFitter:
-    """A `forecast.Fitter` that runs the fit in a child process (see the module docstring)."""
+    """A `forecast.Fitter` that runs the fit in a child process (see the module docstring). `now`: the
+    controller's clock, which times the back-off; the timeout and the idle exit bound a real process, in
+    real time."""
 
     def __init__(self, *, timeout_s: float = TIMEOUT_S, idle_s: float = IDLE_S, backoff_s: float = BACKOFF_S,
-                 registry: CollectorRegistry | None = None, command: Sequence[str] = COMMAND) -> None:
-        self.timeout_s, self.idle_s, self.backoff_s, self.command = timeout_s, idle_s, backoff_s, command
+                 registry: CollectorRegistry | None = None, command: Sequence[str] = COMMAND,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self.idle_s, self.backoff_s, self.command, self.now = timeout_s, idle_s, backoff_s, command, now
         self.failures = Counter("autoscaler_refit_failures_total", "Due refits that could not run in the fit "
                                 "process (previous parameters kept), by reason", ["reason"],
                                 registry=registry if registry is not None else CollectorRegistry())
@@ -95,55 +111,52 @@ class ProcessFitter:
         self.fits = 0
         self._lock = threading.Lock()
         self._child: _Child | None = None
-        self._failed_at: tuple[float, str] | None = None  # (monotonic time, reason) of the last failure
-        self._idle: threading.Timer | None = None
+        self._failed_at: tuple[float, str] | None = None  # (time, reason) of the last failure
+        self._used_s = 0.0  # time.monotonic() of the last answer: the idle exit's reference
 
     def __call__(self, history: bytes, m: int, seasonal: bool) -> Any:
         with self._lock:
-            if self._idle is not None:
-                self._idle.cancel()
             self._refuse_while_backing_off()
             try:
                 if self._child is None:
-                    self._child = self._start()
+                    self._child = _Child(self.command)
                 fitted, peak_mb = self._child.ask((history, m, seasonal), self.timeout_s)
-            except FitUnavailable as exc:
-                self._failed(exc, "timeout" if "did not answer" in str(exc) else "exited")
-                raise
+            except _Failure as exc:
+                self._failed(exc)
+                raise FitUnavailable(str(exc)) from exc
             self.fits += 1
             self.peak_rss_mb = max(self.peak_rss_mb or 0.0, peak_mb)
-            self._idle = threading.Timer(self.idle_s, self.close)
-            self._idle.daemon = True
-            self._idle.start()
+            self._used_s = time.monotonic()
+            idle = threading.Timer(self.idle_s, self._close_if_idle)
+            idle.daemon = True
+            idle.start()
             return fitted
 
     def _refuse_while_backing_off(self) -> None:
         if self._failed_at is None:
             return
         at, reason = self._failed_at
-        left_s = self.backoff_s - (time.monotonic() - at)
+        left_s = self.backoff_s - (self.now() - at)
         if left_s > 0:
             raise FitUnavailable(f"{reason}; next attempt in {left_s:.0f} s")
         self._failed_at = None
 
-    def _start(self) -> _Child:
-        try:
-            return _Child(self.command)
-        except OSError as exc:
-            self._failed(FitUnavailable(f"the fit process did not start: {exc}"), "start")
-            raise FitUnavailable(f"the fit process did not start: {exc}") from exc
-
-    def _failed(self, exc: FitUnavailable, kind: str) -> None:
-        self.failures.labels(kind).inc()
-        log.warning("refit failed", reason=str(exc), kind=kind, retry_in_s=self.backoff_s)
-        self._failed_at = (time.monotonic(), str(exc))
+    def _failed(self, exc: _Failure) -> None:
+        self.failures.labels(exc.kind).inc()
+        log.warning("refit failed", reason=str(exc), kind=exc.kind, retry_in_s=self.backoff_s)
+        self._failed_at = (self.now(), str(exc))
         if self._child is not None:
-            self._child.proc.kill()
-            self._child.stop()
+            self._child.stop(kill=True)
             self._child = None
 
+    def _close_if_idle(self) -> None:
+        with self._lock:
+            if self._child is not None and time.monotonic() - self._used_s >= self.idle_s:
+                self._child.stop()
+                self._child = None
+
     def close(self) -> None:
-        """Stop the child (idle, or at shutdown); the next fit starts a new one."""
+        """Stop the child (at shutdown); the next fit starts a new one."""
         with self._lock:
             if self._child is not None:
                 self._child.stop()

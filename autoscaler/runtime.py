@@ -175,10 +175,10 @@ class Parts:
     serving: bool = False  # every server listens
     fit: ProcessFitter | None = None  # the refits' child process (one per process, shared by its models)
 
-    def fitter(self, registry: CollectorRegistry) -> ProcessFitter:
+    def fitter(self, registry: CollectorRegistry, clock: Clock) -> ProcessFitter:
         """The process's refit child, made on first use (its failures counted in `registry`)."""
         if self.fit is None:
-            self.fit = ProcessFitter(registry=registry)
+            self.fit = ProcessFitter(registry=registry, now=clock.now)
         return self.fit
 
 
@@ -244,7 +244,7 @@ def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSess
         events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
         clock=clock,
-        fit=parts.fitter(metrics.registry),
+        fit=parts.fitter(metrics.registry, clock),
     )
     parts.tasks.insert(0, controller.run)
     return controller

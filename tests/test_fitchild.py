@@ -40,16 +40,22 @@ def test_a_fit_in_the_child_is_the_same_bits_as_in_this_process():
         fitter.close()
 
 
-def test_a_child_that_crashes_is_a_named_failure_then_a_back_off():
+def test_a_child_that_crashes_is_a_named_failure_then_a_back_off_on_the_controllers_clock():
     crash = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); raise SystemExit(3)"]
-    fitter = ProcessFitter(command=crash, backoff_s=60.0)
+    clock_s = [1000.0]
+    fitter = ProcessFitter(command=crash, backoff_s=60.0, now=lambda: clock_s[0])
     with pytest.raises(FitUnavailable, match=r"exited \(code 3\)"):
         fitter(_history(40), 288, False)
     assert _failures(fitter, "exited") == 1
+    clock_s[0] += 59.0
     t0 = time.perf_counter()
-    with pytest.raises(FitUnavailable, match=r"exited \(code 3\); next attempt in \d+ s"):
+    with pytest.raises(FitUnavailable, match=r"exited \(code 3\); next attempt in 1 s"):
         fitter(_history(40), 288, False)
     assert time.perf_counter() - t0 < 0.1 and _failures(fitter, "exited") == 1  # refused, no child started
+    clock_s[0] += 1.0
+    with pytest.raises(FitUnavailable, match=r"exited \(code 3\)$"):
+        fitter(_history(40), 288, False)
+    assert _failures(fitter, "exited") == 2  # the back-off over: a fresh child was tried
 
 
 def test_a_child_that_hangs_is_killed_at_the_timeout():
@@ -66,7 +72,7 @@ def test_a_child_that_cannot_start_is_a_named_failure_and_is_tried_again_after_t
     for attempt in (1, 2):
         with pytest.raises(FitUnavailable, match="did not start"):
             fitter(_history(40), 288, False)
-        assert _failures(fitter, "start") == attempt
+        assert _failures(fitter, "start") == attempt and _failures(fitter, "exited") == 0
 
 
 def test_an_idle_child_exits_and_the_next_fit_starts_another():
