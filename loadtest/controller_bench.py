@@ -179,8 +179,7 @@ def fresh_day(ticks: int, *, in_process: bool) -> str:
              f"refits in a child process ({day['child_fits']} fits, peak {day['child_peak_mb']:.0f} MB)")
     return (f"a fresh process with only `autoscaler run`'s imports: {day['imports_mb']:.0f} MB after them, "
             f"{day['after_ticks_mb']:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h), {where}; "
-            f"the refit's stack in that process: {', '.join(day['fit_stack_loaded'][:3]) or 'none'}"
-            + (", ..." if len(day["fit_stack_loaded"]) > 3 else ""))
+            f"the refit's stack in that process: {', '.join(day['fit_stack_loaded']) or 'none'}")
 
 
 def fleet_main(counts: list[int], *, ticks: int, as_json: bool, pods: bool = False) -> int:

@@ -48,8 +48,8 @@ def rss_mb() -> float:
 
 
 def fit_stack_loaded() -> list[str]:
-    """The modules of the refit's stack this process has imported."""
-    return sorted(m for m in sys.modules if m.split(".")[0] in FIT_STACK or m.startswith(FIT_STACK))
+    """The packages of the refit's stack (FIT_STACK) this process has imported."""
+    return sorted(p for p in FIT_STACK if any(m == p or m.startswith(p + ".") for m in sys.modules))
 
 
 class StaticCluster:
