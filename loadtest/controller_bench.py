@@ -37,8 +37,8 @@ from autoscaler.fitchild import ProcessFitter
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import PrometheusSource
-from loadtest.controllerday import TICK_S, StaticCluster, memory, quiet_logs, settings
-from loadtest.fleetscale import FleetFigures, pct, rss_mb, table
+from loadtest.controllerday import TICK_S, StaticCluster, memory, quiet_logs, rss_mb, settings
+from loadtest.fleetscale import FleetFigures, pct, table
 from loadtest.realservers import fake_model_server, free_port, post_json, prometheus, wait_for_series
 
 
