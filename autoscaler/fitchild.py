@@ -113,6 +113,7 @@ class ProcessFitter:
         self._child: _Child | None = None
         self._failed_at: tuple[float, str] | None = None  # (time, reason) of the last failure
         self._used_s = 0.0  # time.monotonic() of the last answer: the idle exit's reference
+        self._idle: threading.Timer | None = None  # one pending idle check at a time, however many fits
 
     def __call__(self, history: bytes, m: int, seasonal: bool) -> Any:
         with self._lock:
@@ -127,10 +128,14 @@ class ProcessFitter:
             self.fits += 1
             self.peak_rss_mb = max(self.peak_rss_mb or 0.0, peak_mb)
             self._used_s = time.monotonic()
-            idle = threading.Timer(self.idle_s, self._close_if_idle)
-            idle.daemon = True
-            idle.start()
+            if self._idle is None:
+                self._check_idle_in(self.idle_s)
             return fitted
+
+    def _check_idle_in(self, delay_s: float) -> None:
+        self._idle = threading.Timer(delay_s, self._close_if_idle)
+        self._idle.daemon = True  # never holds the interpreter's exit
+        self._idle.start()
 
     def _refuse_while_backing_off(self) -> None:
         if self._failed_at is None:
@@ -151,13 +156,22 @@ class ProcessFitter:
 
     def _close_if_idle(self) -> None:
         with self._lock:
-            if self._child is not None and time.monotonic() - self._used_s >= self.idle_s:
-                self._child.stop()
-                self._child = None
+            self._idle = None
+            if self._child is None:
+                return
+            left_s = self.idle_s - (time.monotonic() - self._used_s)
+            if left_s > 0:  # used since this check was set: check again when it has idled long enough
+                self._check_idle_in(left_s)
+                return
+            self._child.stop()
+            self._child = None
 
     def close(self) -> None:
         """Stop the child (at shutdown); the next fit starts a new one."""
         with self._lock:
+            if self._idle is not None:
+                self._idle.cancel()
+                self._idle = None
             if self._child is not None:
                 self._child.stop()
                 self._child = None

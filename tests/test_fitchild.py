@@ -77,14 +77,32 @@ def test_a_child_that_cannot_start_is_a_named_failure_and_is_tried_again_after_t
 
 
 def test_an_idle_child_exits_and_the_next_fit_starts_another():
-    fitter = ProcessFitter(idle_s=0.2)
+    fitter = ProcessFitter(idle_s=2.0)
     try:
         assert fitter(_history(40), 288, False) is not None
         first = fitter._child.proc
-        first.wait(10.0)  # the idle timer stopped it
-        assert fitter(_history(41), 288, False) is not None and fitter._child.proc is not first
+        time.sleep(0.5)
+        assert fitter(_history(41), 288, False) is not None and fitter._child.proc is first  # in use: kept
+        first.wait(10.0)  # idle for 2 s after its last fit: stopped
+        assert fitter(_history(42), 288, False) is not None and fitter._child.proc is not first
+        assert fitter.fits == 3
     finally:
         fitter.close()
+
+
+def test_a_process_has_one_refit_child_and_its_failures_are_in_the_controllers_metrics():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from autoscaler.clock import ManualClock
+    from autoscaler.runtime import Parts
+
+    parts, registry, clock = Parts(), CollectorRegistry(), ManualClock()
+    fitter = parts.fitter(registry, clock)
+    assert parts.fitter(registry, clock) is fitter  # the fleet's models share it
+    fitter.command = ["/nonexistent/python"]
+    with pytest.raises(FitUnavailable):
+        fitter(_history(40), 288, False)
+    assert b'autoscaler_refit_failures_total{reason="start"} 1.0' in generate_latest(registry)
 
 
 def _unavailable(history: bytes, m: int, seasonal: bool):
