@@ -139,7 +139,7 @@ def _damping(phi: float, steps: int) -> float:
     return sum(phi**i for i in range(1, steps + 1))
 
 
-def _fit(spec: PolicySpec, fs: ForecastState, now: float, fit: Fitter | None = None) -> ForecastState:
+def _fit(spec: PolicySpec, fs: ForecastState, now: float, *, fit: Fitter | None = None) -> ForecastState:
     y = np.asarray(fs.history, dtype=float)
     m = spec.season_buckets
     seasonal = len(y) >= spec.seasonal_min_cycles * m
@@ -270,7 +270,7 @@ def observe(
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
            or len(fs.history) >= _REFIT_GROWTH * fs.fitted_buckets)
     if wanted in ("holt", "holt-winters") and (wanted != fs.kind or due):
-        fs = _fit(spec, fs, now, fit)
+        fs = _fit(spec, fs, now, fit=fit)
     if rate is None:
         return fs
     fs = _silence(spec, fs, rate, now)
