@@ -41,6 +41,22 @@ def test_a_fit_in_the_child_is_the_same_bits_as_in_this_process():
         fitter.close()
 
 
+def test_decisions_with_the_fits_in_the_child_are_those_with_the_fits_in_process(spec):
+    """100 minutes of a climbing, wavy demand: two refits (12 and 18 buckets), every decision and state equal."""
+    fitter = ProcessFitter()
+    try:
+        ours, theirs = initial_state(), initial_state()
+        for i in range(400):
+            now = i * 15.0
+            sig = signals(now, rate=30.0 + 0.02 * i + 5.0 * math.sin(i / 30.0), spec_replicas=8)
+            d_child, ours = decide(spec, ours, sig, now, fit=fitter)
+            d_here, theirs = decide(spec, theirs, sig, now)
+            assert d_child == d_here and ours == theirs, now
+        assert ours.forecast.kind == "holt" and fitter.fits == 2
+    finally:
+        fitter.close()
+
+
 def test_a_child_that_crashes_is_a_named_failure_then_a_back_off_on_the_controllers_clock():
     crash = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); raise SystemExit(3)"]
     clock_s = [1000.0]
