@@ -117,6 +117,7 @@ class Controller:
     state: Any = field(default_factory=initial_state)
     last_tick_s: float | None = None
     reports_held: bool = False  # the admission endpoint runs: its held count is the held_requests signal
+    fit: Any = None  # where the forecaster's refits run (a forecast.Fitter: autoscaler.fitchild); None: in process
     _capacity_event: tuple[int, float] | None = None  # (unplaceable replicas, when) of the last Warning
 
     def _error(self, exc: Exception, where: str) -> None:
@@ -176,7 +177,9 @@ class Controller:
         signals = await self.collect(now)
         # In a worker thread: a scheduled statsmodels refit takes up to about a second on a week of history,
         # during which the admission endpoint and the probe on this event loop must keep answering.
-        decision, self.state = await asyncio.to_thread(decide, self.settings.policy, self.state, signals, now)
+        # With `fit` set (autoscaler run) the refit itself runs in a child process, which this thread waits for.
+        decision, self.state = await asyncio.to_thread(decide, self.settings.policy, self.state, signals, now,
+                                                       fit=self.fit)
         return Decided(now, signals, decision)
 
     async def finish(self, decided: Decided, *, started_s: float) -> Decision:

@@ -25,13 +25,14 @@ import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
+from autoscaler.fitchild import ProcessFitter
 from autoscaler.kube.client import Kube
 from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
@@ -172,6 +173,13 @@ class Parts:
     runners: list[web.AppRunner] = field(default_factory=list)
     grpc_server: object | None = None
     serving: bool = False  # every server listens
+    fit: ProcessFitter | None = None  # the refits' child process (one per process, shared by its models)
+
+    def fitter(self, registry: CollectorRegistry, clock: Clock) -> ProcessFitter:
+        """The process's refit child, made on first use (its failures counted in `registry`)."""
+        if self.fit is None:
+            self.fit = ProcessFitter(registry=registry, now=clock.now)
+        return self.fit
 
 
 def _pods(kube: Kube, settings: Settings) -> KubePodEndpoints:
@@ -236,6 +244,7 @@ def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSess
         events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
         clock=clock,
+        fit=parts.fitter(metrics.registry, clock),
     )
     parts.tasks.insert(0, controller.run)
     return controller
@@ -295,6 +304,8 @@ async def start_servers(settings: Settings, *, host: str, controller: Controller
 
 
 async def stop_servers(parts: Parts) -> None:
+    if parts.fit is not None:
+        parts.fit.close()
     if parts.grpc_server is not None:
         await parts.grpc_server.stop(grace=2)
     for runner in parts.runners:

@@ -8,11 +8,12 @@
 2. KEDA GetMetrics latency under `rps` requests per second (open loop, each call on its own schedule):
    p50 / p99 over `seconds`.
 3. Resident memory of a controller after one hour (240 ticks) and after one day (5,760 ticks) of
-   simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits;
-   then a second controller (another model) run as long beside it, whose growth of the process's
-   resident memory is the per-model cost of serving several models from one process. This process also
-   holds the benchmark's own modules, so a fresh process then imports only what `autoscaler run` imports
-   (`autoscaler.runtime`), and then the statsmodels stack the first refit imports: the controller's floor.
+   simulated ticks (fake sources, a manual clock advancing 15 s per tick), with the forecaster's refits in a
+   child process as `autoscaler run` runs them (its peak resident memory printed too; --fit-in-process: in
+   this process, as before); then a second controller (another model) run as long beside it, whose growth of
+   the process's resident memory is the per-model cost of serving several models from one process. This
+   process also holds the benchmark's own modules, so a fresh process (`controllerday.py`) then imports only
+   what `autoscaler run` imports (`autoscaler.runtime`) and runs as many simulated ticks: the controller alone.
 4. With --targets: the fleet controller at each N models (`fleetscale.py`: real apiserver with N Deployments
    and ModelAutoscalers, real Prometheus with N models' series), each N in its own process (so its resident
    memory is its own); a table, or with --json one JSON object per N.
@@ -23,44 +24,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import sys
 import time
 
 import grpc
-import structlog
 
 from autoscaler.board import DecisionBoard
-from autoscaler.clock import ManualClock
-from autoscaler.config import Settings
 from autoscaler.external_scaler import externalscaler_pb2 as pb
 from autoscaler.external_scaler import externalscaler_pb2_grpc as pb_grpc
 from autoscaler.external_scaler.server import start
+from autoscaler.fitchild import ProcessFitter
 from autoscaler.loop import Controller
 from autoscaler.metrics import ControllerMetrics
-from autoscaler.signals.prometheus import PrometheusSource, QueryResult
-from loadtest.fleetscale import FleetFigures, pct, rss_mb, table
+from autoscaler.signals.prometheus import PrometheusSource
+from loadtest.controllerday import TICK_S, StaticCluster, memory, quiet_logs, rss_mb, settings
+from loadtest.fleetscale import FleetFigures, pct, table
 from loadtest.realservers import fake_model_server, free_port, post_json, prometheus, wait_for_series
-from policies import ClusterState, Sample
-
-
-def quiet_logs() -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
-class StaticCluster:
-    def __init__(self, replicas: int = 8) -> None:
-        self.replicas = replicas
-
-    async def read(self, now: float) -> ClusterState:
-        return ClusterState(spec_replicas=self.replicas, ready_replicas=self.replicas, at_s=now)
-
-    async def pod_template(self):
-        return None
-
-
-def settings(url: str = "http://127.0.0.1:9") -> Settings:
-    return Settings(target={"namespace": "llm", "name": "model"}, mode="shadow",
-                    prometheus={"url": url, "selector": 'namespace="llm"'})
 
 
 async def loop_overhead(ticks: int) -> list[float]:
@@ -137,72 +116,6 @@ async def keda_latency(rps: int, seconds: float) -> tuple[list[float], int]:
     return latencies, failures
 
 
-TICK_S = 15.0
-
-
-class SyntheticSource:
-    """Diurnal-ish demand, so the forecaster has something to fit."""
-
-    def __init__(self) -> None:
-        self.i = 0
-
-    async def collect(self, now: float) -> QueryResult:
-        import math
-
-        self.i += 1
-        rate = 40 + 20 * math.sin(2 * math.pi * now / 86400.0)
-        return QueryResult(samples={"arrival_rate_per_s": Sample(rate, now), "in_flight": Sample(rate, now),
-                                    "queue_depth": Sample(0.0, now), "service_time_s": Sample(1.0, now),
-                                    "p99_latency_s": Sample(0.2, now)})
-
-
-async def memory(ticks_per_report: list[int]) -> tuple[list[tuple[int, float]], float]:
-    """RSS after each count of simulated ticks, and the RSS a second controller adds over as many ticks."""
-
-    def controller(clock: ManualClock) -> Controller:
-        return Controller(settings=settings(), sources=[SyntheticSource()], cluster=StaticCluster(),
-                          board=DecisionBoard(), metrics=ControllerMetrics(), clock=clock)
-
-    async def run(one: Controller, clock: ManualClock, ticks: int) -> None:
-        for _ in range(ticks):
-            await one.tick()
-            await clock.advance(TICK_S)
-
-    clock = ManualClock()
-    first = controller(clock)
-    out, done = [], 0
-    for target in ticks_per_report:
-        await run(first, clock, target - done)
-        done = target
-        out.append((done, rss_mb()))
-    before = rss_mb()
-    second_clock = ManualClock()
-    await run(controller(second_clock), second_clock, done)
-    return out, rss_mb() - before
-
-
-# Run in a fresh interpreter: RSS after `autoscaler run`'s imports, then after the first refit's.
-_IMPORTS_RSS = """
-def rss_mb():
-    return next(int(line.split()[1]) / 1024.0 for line in open("/proc/self/status") if line.startswith("VmRSS:"))
-import autoscaler.runtime
-print(rss_mb())
-import statsmodels.tsa.holtwinters
-print(rss_mb())
-"""
-
-
-def controller_imports_mb() -> tuple[float, float]:
-    """Resident memory of a fresh process after importing what `autoscaler run` imports, and after the
-    statsmodels stack a refit imports."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _IMPORTS_RSS], check=True, stdout=subprocess.PIPE, text=True).stdout
-    runtime_mb, fitted_mb = (float(v) for v in out.split())
-    return runtime_mb, fitted_mb
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.controller_bench", description=__doc__.splitlines()[0])
     p.add_argument("--ticks", type=int, default=300,
@@ -214,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-ticks", default="240,5760",
                    help="simulated ticks (15 s) after which to print resident memory, comma-separated "
                         "(default: %(default)s: an hour and a day)")
+    p.add_argument("--fit-in-process", action="store_true",
+                   help="memory part: run the refits in the benchmark's own process, as replays do (default: in a "
+                        "child process, as `autoscaler run` does)")
     p.add_argument("--targets", default=None,
                    help="fleet mode: model counts to measure the fleet controller at, comma-separated (e.g. 1,50,500; "
                         "default: the single-model modes)")
@@ -235,21 +151,41 @@ def main(argv: list[str] | None = None) -> int:
     latencies, failures = asyncio.run(keda_latency(args.rps, args.seconds))
     print(f"KEDA GetMetrics at {args.rps} req/s for {args.seconds:.0f} s ({len(latencies)} ok, {failures} failed): "
           f"p50 {pct(latencies, 0.5) * 1e3:.2f} ms, p99 {pct(latencies, 0.99) * 1e3:.2f} ms")
-    reports, per_model = asyncio.run(memory(sorted(int(x) for x in args.memory_ticks.split(","))))
-    print(f"resident memory: {start_rss:.0f} MB at start; " + "; ".join(
-        f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
-        + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
-    runtime_mb, fitted_mb = controller_imports_mb()
-    print(f"a fresh process: {runtime_mb:.0f} MB after `autoscaler run`'s imports, {fitted_mb:.0f} MB with the "
-          f"statsmodels stack its first refit imports")
+    fit = None if args.fit_in_process else ProcessFitter()
+    counts = sorted(int(x) for x in args.memory_ticks.split(","))
+    reports, per_model = asyncio.run(memory(counts, fit))
+    print(f"resident memory ({'refits in this process' if fit is None else 'refits in a child process'}): "
+          f"{start_rss:.0f} MB at start; " + "; ".join(
+              f"{rss:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h)" for ticks, rss in reports)
+          + f"; a second model's controller over as many ticks adds {per_model:.1f} MB")
+    if fit is not None:
+        fit.close()
+        print(f"the refits' child process: {fit.fits} fits, peak {fit.peak_rss_mb or 0:.0f} MB; statsmodels in "
+              f"the controller's process: {'yes' if 'statsmodels' in sys.modules else 'no'}")
+    print(fresh_day(counts[-1], in_process=fit is None))
     return 0
+
+
+def fresh_day(ticks: int, *, in_process: bool) -> str:
+    """The controller alone: a fresh process (`controllerday.py`) with `autoscaler run`'s imports runs `ticks`."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "loadtest.controllerday", "--ticks", str(ticks)]
+                         + (["--fit-in-process"] if in_process else []),
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    day = json.loads(out.strip().splitlines()[-1])
+    where = ("refits in that process" if in_process else
+             f"refits in a child process ({day['child_fits']} fits, peak {day['child_peak_mb']:.0f} MB)")
+    return (f"a fresh process with only `autoscaler run`'s imports: {day['imports_mb']:.0f} MB after them, "
+            f"{day['after_ticks_mb']:.0f} MB after {ticks} simulated ticks ({ticks * TICK_S / 3600:.3g} h), {where}; "
+            f"the refit's stack in that process: {', '.join(day['fit_stack_loaded']) or 'none'}")
 
 
 def fleet_main(counts: list[int], *, ticks: int, as_json: bool, pods: bool = False) -> int:
     """Each N in a child process (`python -m loadtest.fleetscale`), so its memory is measured alone."""
     import json
     import subprocess
-    import sys
 
     rows = []
     for n in counts:

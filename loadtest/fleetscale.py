@@ -39,6 +39,7 @@ from autoscaler.kube.cache import KubeCache
 from autoscaler.kube.client import Kube
 from autoscaler.presets import PRESETS
 from autoscaler.runtime import Parts
+from loadtest.controllerday import rss_mb
 from loadtest.fleetexporter import fleet_exporter, model_name
 from loadtest.kube.controlplane import control_plane, gpu_node, model_deployment
 from loadtest.kubecount import RequestCounter
@@ -91,14 +92,6 @@ def process_settings(prom: str, *, read_nodes: bool) -> Settings:
     return Settings(fleet={"enabled": True, "namespaces": [NAMESPACE]}, mode="shadow", prometheus={"url": prom},
                     warm_pool={"enabled": False}, leader_election={"enabled": False},
                     admission={"queue_probe_interval_s": None}, capacity={"read_nodes": read_nodes})
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def pct(values: list[float], q: float) -> float:

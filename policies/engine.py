@@ -39,6 +39,7 @@ from policies.stages import (
     shedding,
     warmpool,
 )
+from policies.stages.forecast import Fitter
 from policies.types import Decision, PolicyState, Signals, Tick
 
 __all__ = ["STAGES", "decide", "initial_state", "replicas_for_rate"]
@@ -68,15 +69,19 @@ def initial_state() -> PolicyState:
     return PolicyState()
 
 
-def decide(spec: PolicySpec, state: PolicyState, signals: Signals, now: float) -> tuple[Decision, PolicyState]:
+def decide(
+    spec: PolicySpec, state: PolicyState, signals: Signals, now: float, *, fit: Fitter | None = None
+) -> tuple[Decision, PolicyState]:
     """One tick of the predictive policy: what to run now, given what was measured at `now`.
 
     `state` is what the previous call returned (`initial_state()` at start); the returned state goes into
     the next call. Pure: the same arguments always give the same result, so a replay of recorded signals
     reproduces the live decisions exactly. `Decision.valid` is False when the signals cannot support a
     decision (no cluster state, no demand signal): the caller then leaves the cluster as it is. Every stage
-    that changed the outcome adds a line to `Decision.reasons`."""
-    tick = Tick(signals=signals, now=now, state=state)
+    that changed the outcome adds a line to `Decision.reasons`. `fit`: where a due statsmodels refit runs
+    (`forecast.Fitter`; None: in this process); any fitter gives the same bits, or raises and the previous
+    parameters stay."""
+    tick = Tick(signals=signals, now=now, state=state, fit=fit)
     for stage in STAGES:
         tick = stage(spec, tick)
         if tick.hold is not None:

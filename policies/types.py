@@ -150,6 +150,9 @@ class ForecastState:
     # issued and not yet due, as (due time, upper bound), and the scores observed rate / bound of those due.
     issued: tuple[tuple[float, float], ...] = ()
     scores: tuple[float, ...] = ()
+    # Why the refit that is due could not run (its process crashed, hung, did not start: forecast.Fitter), while
+    # the previous parameters stand in; None once a refit ran.
+    unfitted: str | None = None
 
 
 @dataclass(frozen=True)  # no __slots__: `changed` copies its __dict__, as Tick.then does
@@ -233,6 +236,7 @@ class Tick:
     now: float
     state: PolicyState
     hold: str | None = None
+    fit: Any = None  # decide's caller: where a due refit runs (a forecast.Fitter; None: in this process)
     clean: Clean | None = None  # sanitize
     current: int = 0  # sanitize: the replicas the target runs (spec), or the last decided without a cluster
     service_s: float = 0.0  # learn: the service time sized with (learned, else the initial one)

@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from autoscaler.cli import build_parser, main
-from loadtest import bench, controller_bench, decide_bench
+from loadtest import bench, controller_bench, controllerday, decide_bench
 from loadtest.e2e import __main__ as e2e
 
 from helpers import ROOT
@@ -47,6 +47,7 @@ PARSERS = {
     "bench": lambda: _parser_of(lambda: bench.parse_args([])),
     "decide_bench": lambda: _parser_of(lambda: decide_bench.main([])),
     "controller_bench": lambda: _parser_of(lambda: controller_bench.main([])),
+    "controllerday": lambda: _parser_of(lambda: controllerday.main([])),
     "e2e": lambda: _parser_of(lambda: e2e.main([])),
 }
 

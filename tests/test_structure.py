@@ -16,8 +16,8 @@ from helpers import ROOT
 
 OFFLINE_ONLY = ("autoscaler.sim", "autoscaler.traces", "autoscaler.replay", "autoscaler.analyze", "autoscaler.timeline",
                 "matplotlib", "tqdm")
-# The forecasting stack, 91 MB of the controller's resident memory (docs/speed.md): imported at the first
-# statsmodels refit, never at start.
+# The forecasting stack, 91 MB of a process's resident memory (docs/speed.md): imported by a statsmodels refit,
+# never at start; `autoscaler run` refits in a child process, so never at all (tests/test_fitchild.py).
 AT_FIRST_REFIT = ("statsmodels", "pandas", "patsy", "scipy.optimize", "scipy.stats")
 
 

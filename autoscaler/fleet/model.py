@@ -98,6 +98,7 @@ class ModelBuilder:
     clock: Clock
     readers: Readers = field(default_factory=Readers)
     wake: asyncio.Event | None = None  # one wake for the fleet: a request held for any model ticks at once
+    fit: Any = None  # where the models' refits run (one ProcessFitter for the fleet); None: in process
     pooled: PooledWarmPool | None = None  # the fleet's warm pool (allocation.py): each model's WarmPool view
     reclaimable: Callable[[Key], int] | None = None  # the fleet step's (allocation.py): see ReclaimableView
 
@@ -121,7 +122,7 @@ class ModelBuilder:
             warm_pool=warm_pool,
             events=EventRecorder(self.kube, namespace=target.namespace, kind=target.kind, name=target.name,
                                  instance=self.identity),
-            is_leader=is_leader, clock=self.clock, reports_held=settings.admission.enabled,
+            is_leader=is_leader, clock=self.clock, reports_held=settings.admission.enabled, fit=self.fit,
         )
 
     def _admission(self, model: ModelControl) -> None:

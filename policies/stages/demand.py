@@ -2,7 +2,9 @@
 
 - an ingress outage it holds (an abrupt, implausible drop to ~zero arrivals: not learned, so the forecast,
   and the capacity sized on it, holds for up to `outage_hold_s`), named in the reasons;
-- a statsmodels refit on this tick (the expensive tick), named and flagged in `Decision.refitted`;
+- a statsmodels refit on this tick (the expensive tick), named and flagged in `Decision.refitted`; a due
+  refit that could not run (`forecast.Fitter` raised: its process crashed, hung or did not start), named
+  with its reason on every tick until a refit runs, while the previous parameters stand in;
 - a steady climb (`forecast.climb`): the rate it reaches within one pod start-up, which the predictive
   stage orders early and the combine stage follows at once (a climb is demand, not a burst).
 """
@@ -14,6 +16,7 @@ from policies.stages import forecast as fc
 from policies.types import ForecastState, Tick
 
 REFIT_REASON = "forecast: refitted"
+UNFITTED_REASON = "forecast: refit due but not run"
 
 
 def refitted(fs: ForecastState, now: float) -> bool:
@@ -35,4 +38,6 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         )
     if refitted(fs, now):
         lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
+    if fs.unfitted is not None:
+        lines.append(f"{UNFITTED_REASON} ({fs.unfitted}): the {fs.kind} model's previous parameters kept")
     return tick.then(lines, rising=fc.climb(spec, fs, tick.startup_s))

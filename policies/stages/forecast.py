@@ -69,6 +69,7 @@ import functools
 import math
 import warnings
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
@@ -138,11 +139,14 @@ def _damping(phi: float, steps: int) -> float:
     return sum(phi**i for i in range(1, steps + 1))
 
 
-def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
+def _fit(spec: PolicySpec, fs: ForecastState, now: float, *, fit: Fitter | None = None) -> ForecastState:
     y = np.asarray(fs.history, dtype=float)
     m = spec.season_buckets
     seasonal = len(y) >= spec.seasonal_min_cycles * m
-    fitted = _fitted(y.tobytes(), m, seasonal)
+    try:
+        fitted = (fit or in_process)(y.tobytes(), m, seasonal)
+    except FitUnavailable as exc:  # the previous parameters stay; the refit stays due (see `Fitter`)
+        return replace(fs, unfitted=str(exc))
     if fitted is None:
         return replace(fs, fitted_at_s=now)
     alpha, beta, phi, level, trend, gamma, season = fitted
@@ -152,7 +156,7 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastState:
         fitted_at_s=now,
         fitted_buckets=len(y),
         alpha=alpha, beta=beta, phi=phi, level=level, trend=trend,
-        gamma=gamma, season=season, season_pos=0,
+        gamma=gamma, season=season, season_pos=0, unfitted=None,
     )
 
 
@@ -200,6 +204,27 @@ def _fitted(history: bytes, m: int, seasonal: bool) -> _Fitted | None:
     return alpha, beta, phi, level, trend, gamma, season
 
 
+class FitUnavailable(Exception):
+    """A fit that could not run at all (not a fit that failed on its data, which is None): its message says why."""
+
+
+class Fitter(Protocol):
+    """Where the refit runs: `(history as float64 bytes, season buckets, seasonal) -> _fitted's result`.
+
+    The seam between the pure policy and a shell that keeps statsmodels out of its own process (the
+    controller fits in a child process, `autoscaler/fitchild.py`); `in_process` by default (replays, benches,
+    tests). A fitter must return the same bits as `in_process` for the same arguments, so a decision does not
+    depend on where its fit ran. One that cannot fit (its process crashed, hung, did not start) raises
+    `FitUnavailable`: the forecaster keeps the previous parameters, names the reason in
+    `ForecastState.unfitted` until a refit succeeds, and tries again on the next tick (the fitter decides how
+    often an attempt really runs)."""
+
+    def __call__(self, history: bytes, m: int, seasonal: bool) -> _Fitted | None: ...
+
+
+in_process: Fitter = _fitted
+
+
 def _wanted_kind(spec: PolicySpec, n: int) -> str:
     if n >= spec.seasonal_min_cycles * spec.season_buckets:
         return "holt-winters"
@@ -231,10 +256,12 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
 
 
 def observe(
-    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, protected: float | None = None
+    spec: PolicySpec, fs: ForecastState, rate: float | None, now: float, protected: float | None = None, *,
+    fit: Fitter | None = None,
 ) -> ForecastState:
     """Fold one tick's measured arrival rate into the forecaster (None = no measurement: nothing learned);
-    `protected`: the share of this tick's arrivals in classes that are never shed, if measured per class."""
+    `protected`: the share of this tick's arrivals in classes that are never shed, if measured per class;
+    `fit`: where a due refit runs (`in_process` when None)."""
     fs, begun = _begun(spec, fs, rate, now)
     if not begun:
         return fs
@@ -243,7 +270,7 @@ def observe(
     due = (fs.fitted_at_s is None or now - fs.fitted_at_s >= spec.refit_interval_s
            or len(fs.history) >= _REFIT_GROWTH * fs.fitted_buckets)
     if wanted in ("holt", "holt-winters") and (wanted != fs.kind or due):
-        fs = _fit(spec, fs, now)
+        fs = _fit(spec, fs, now, fit=fit)
     if rate is None:
         return fs
     fs = _silence(spec, fs, rate, now)

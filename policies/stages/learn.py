@@ -30,7 +30,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     state = state.changed(
         service_time_s=service_s,
         forecast=fc.observe(spec, state.forecast, clean.arrival_rate_per_s, tick.now,
-                            _protected(spec, clean.arrival_rate_by_priority)),
+                            _protected(spec, clean.arrival_rate_by_priority), fit=tick.fit),
         startup_samples_s=remember_startups(spec, state.startup_samples_s, clean),
         node_wait_samples_s=remember_node_waits(spec, state.node_wait_samples_s, clean),
     )

@@ -1,0 +1,162 @@
+"""The refits in a child process (autoscaler/fitchild.py): the same bits as a fit in this process, and a child
+that crashes, hangs or cannot start leaves the previous parameters in place, named, counted, never a scale-down."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from autoscaler.fitchild import ProcessFitter
+from policies import decide, initial_state
+from policies.stages import forecast
+from policies.stages.demand import REFIT_REASON, UNFITTED_REASON
+from policies.stages.forecast import FitUnavailable
+
+from helpers import ROOT, signals
+
+
+def _history(n: int) -> bytes:
+    y = [50.0 + 20.0 * math.sin(2 * math.pi * i / 288) + 0.37 * (i % 7) + 0.01 * i for i in range(n)]
+    return np.asarray(y, dtype=float).tobytes()
+
+
+def _failures(fitter: ProcessFitter, reason: str) -> float:
+    return fitter.failures.labels(reason)._value.get()
+
+
+def test_a_fit_in_the_child_is_the_same_bits_as_in_this_process():
+    fitter = ProcessFitter()
+    try:
+        for n, seasonal in ((40, False), (2 * 288 + 5, True)):
+            fitted = fitter(_history(n), 288, seasonal)
+            assert fitted is not None and fitted == forecast.in_process.__wrapped__(_history(n), 288, seasonal)
+            if seasonal:
+                assert len(fitted[6]) == 288
+        assert fitter.fits == 2 and fitter.peak_rss_mb > 50  # the child's own peak, with statsmodels in it
+    finally:
+        fitter.close()
+
+
+def test_decisions_with_the_fits_in_the_child_are_those_with_the_fits_in_process(spec):
+    """100 minutes of a climbing, wavy demand: two refits (12 and 18 buckets), every decision and state equal."""
+    fitter = ProcessFitter()
+    try:
+        ours, theirs = initial_state(), initial_state()
+        for i in range(400):
+            now = i * 15.0
+            sig = signals(now, rate=30.0 + 0.02 * i + 5.0 * math.sin(i / 30.0), spec_replicas=8)
+            d_child, ours = decide(spec, ours, sig, now, fit=fitter)
+            d_here, theirs = decide(spec, theirs, sig, now)
+            assert d_child == d_here and ours == theirs, now
+        assert ours.forecast.kind == "holt" and fitter.fits == 2
+    finally:
+        fitter.close()
+
+
+def test_a_child_that_crashes_is_a_named_failure_then_a_back_off_on_the_controllers_clock():
+    crash = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); raise SystemExit(3)"]
+    clock_s = [1000.0]
+    fitter = ProcessFitter(command=crash, backoff_s=60.0, now=lambda: clock_s[0])
+    with pytest.raises(FitUnavailable, match=r"exited \(code 3\)"):
+        fitter(_history(40), 288, False)
+    assert _failures(fitter, "exited") == 1
+    clock_s[0] += 59.0
+    t0 = time.perf_counter()
+    with pytest.raises(FitUnavailable, match=r"exited \(code 3\); next attempt in 1 s"):
+        fitter(_history(40), 288, False)
+    assert time.perf_counter() - t0 < 0.1 and _failures(fitter, "exited") == 1  # refused, no child started
+    clock_s[0] += 1.0
+    with pytest.raises(FitUnavailable, match=r"exited \(code 3\)$"):
+        fitter(_history(40), 288, False)
+    assert _failures(fitter, "exited") == 2  # the back-off over: a fresh child was tried
+
+
+def test_a_child_that_hangs_is_killed_at_the_timeout():
+    fitter = ProcessFitter(command=[sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(FitUnavailable, match="did not answer within 0 s|did not answer within 1 s"):
+        fitter(_history(40), 288, False)
+    assert time.perf_counter() - t0 < 5.0 and _failures(fitter, "timeout") == 1
+    assert fitter._child is None  # killed and reaped
+
+
+def test_a_child_that_cannot_start_is_a_named_failure_and_is_tried_again_after_the_back_off():
+    fitter = ProcessFitter(command=["/nonexistent/python"], backoff_s=0.0)
+    for attempt in (1, 2):
+        with pytest.raises(FitUnavailable, match="did not start"):
+            fitter(_history(40), 288, False)
+        assert _failures(fitter, "start") == attempt and _failures(fitter, "exited") == 0
+
+
+def test_an_idle_child_exits_and_the_next_fit_starts_another():
+    fitter = ProcessFitter(idle_s=2.0)
+    try:
+        assert fitter(_history(40), 288, False) is not None
+        first = fitter._child.proc
+        time.sleep(0.5)
+        assert fitter(_history(41), 288, False) is not None and fitter._child.proc is first  # in use: kept
+        first.wait(10.0)  # idle for 2 s after its last fit: stopped
+        assert fitter(_history(42), 288, False) is not None and fitter._child.proc is not first
+        assert fitter.fits == 3
+    finally:
+        fitter.close()
+
+
+def test_a_process_has_one_refit_child_and_its_failures_are_in_the_controllers_metrics():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from autoscaler.clock import ManualClock
+    from autoscaler.runtime import Parts
+
+    parts, registry, clock = Parts(), CollectorRegistry(), ManualClock()
+    fitter = parts.fitter(registry, clock)
+    assert parts.fitter(registry, clock) is fitter  # the fleet's models share it
+    fitter.command = ["/nonexistent/python"]
+    with pytest.raises(FitUnavailable):
+        fitter(_history(40), 288, False)
+    assert b'autoscaler_refit_failures_total{reason="start"} 1.0' in generate_latest(registry)
+
+
+def _unavailable(history: bytes, m: int, seasonal: bool):
+    raise FitUnavailable("the fit process exited (code -9)")
+
+
+def test_a_refit_that_cannot_run_keeps_the_previous_parameters_and_scales_nothing_down(spec):
+    """Steady demand for 100 minutes: the first fit (12 buckets) runs in process; the next one (18 buckets) cannot
+    run for one tick, then runs on the tick after."""
+    state, failed_at = initial_state(), None
+    for i in range(400):
+        now = i * 15.0
+        sig = signals(now, rate=40.0 + (i % 3), spec_replicas=8)
+        reference, fitted = decide(spec, state, sig, now)  # the refit, if one is due, run in process
+        d, after = reference, fitted
+        if reference.refitted and state.forecast.kind == "holt" and failed_at is None:
+            d, after = decide(spec, state, sig, now, fit=_unavailable)
+            failed_at, kept = now, state.forecast
+            assert after.forecast.unfitted == "the fit process exited (code -9)"
+            assert (after.forecast.alpha, after.forecast.beta, after.forecast.phi, after.forecast.fitted_at_s) == (
+                kept.alpha, kept.beta, kept.phi, kept.fitted_at_s)
+            assert not d.refitted and any(r.startswith(UNFITTED_REASON) and "code -9" in r for r in d.reasons)
+            assert d.valid and d.replicas >= reference.replicas >= 1
+        elif failed_at is not None and now == failed_at + 15.0:
+            assert after.forecast.unfitted is None and d.refitted  # still due: it ran on the next tick
+            assert any(r.startswith(REFIT_REASON) for r in d.reasons)
+            assert not any(r.startswith(UNFITTED_REASON) for r in d.reasons)
+        state = after
+    assert failed_at is not None
+
+
+def test_the_controller_process_never_imports_statsmodels_when_fits_run_in_the_child():
+    """A fresh process with `autoscaler run`'s imports runs a controller for 100 simulated minutes: its refits
+    (12 and 18 buckets) ran in the child, and nothing of their stack was imported here."""
+    out = subprocess.run([sys.executable, "-m", "loadtest.controllerday", "--ticks", "400"], cwd=ROOT,
+                         capture_output=True, text=True, check=True, timeout=120)
+    day = json.loads(out.stdout.strip().splitlines()[-1])
+    assert day["child_fits"] == 2 and day["child_peak_mb"] > 50 and day["fit_stack_loaded"] == [], out.stdout
+    out = subprocess.run([sys.executable, "-m", "loadtest.controllerday", "--ticks", "400", "--fit-in-process"],
+                         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    assert "statsmodels" in json.loads(out.stdout.strip().splitlines()[-1])["fit_stack_loaded"]  # the check sees it
