@@ -439,11 +439,12 @@ def _slide(
     `ordered` is the window in ascending order, exactly as `sorted(window)` gives it.
 
     Sorting the whole window every tick (twice: ratios and rates, 240 values each at the defaults) was the
-    forecaster's largest cost. Here the new value goes in after any equal one (`bisect_right`) and a leaving
-    value, the oldest of the window, is taken out where its equals begin (`bisect_left`): among equal
-    values (0.0 and -0.0 compare equal) the order stays that of arrival, which is the order `sorted`'s
-    stable sort gives them, so every index holds the same float as in `sorted(window)`. The values are
-    finite (sanitized rates, bounded ratios): with a NaN neither order would mean anything."""
+    largest cost of the forecaster's ticks between refits. Here the new value goes in after any equal one
+    (`bisect_right`) and a leaving value, the oldest of the window, is taken out where its equals begin
+    (`bisect_left`): among equal values (0.0 and -0.0 compare equal) the order stays that of arrival, which
+    is the order `sorted`'s stable sort gives them, so every index holds the same float as in
+    `sorted(window)`. The values are finite (sanitized rates, bounded ratios): with a NaN neither order
+    would mean anything."""
     if len(ordered) != len(window):  # not kept in step with the window (a state built by hand)
         ordered = tuple(sorted(window))
     i = bisect.bisect_right(ordered, value)
