@@ -135,6 +135,11 @@ class ForecastState:
     ratios: tuple[float, ...] = ()
     # Recent per-tick observed rates (same window): the absolute burst envelope.
     rates: tuple[float, ...] = ()
+    # The same two windows in ascending order, kept in step with them (forecast.py, `_slide`), so that the
+    # envelope's quantiles are an index, not a sort of the window every tick. Empty or of another length
+    # than its window (a state built by hand): the quantile sorts the window.
+    ratios_sorted: tuple[float, ...] = ()
+    rates_sorted: tuple[float, ...] = ()
     # Start of an abrupt drop to (near) zero that the model finds implausible: an ingress outage.
     outage_since_s: float | None = None
     # What such a drop interrupted (the rate the model expected when it began), remembered through the

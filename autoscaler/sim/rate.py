@@ -252,7 +252,8 @@ class RateSim:
         no_backlog = [1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0] * n
         guarded = [math.isfinite(d) and d < self.slo_s * mu for d in depth]
         reject = [0.0] * n
-        if theta > 0 and any(guarded):
+        rejecting = theta > 0 and any(guarded)
+        if rejecting:
             rho = offered / slots
             tail = _guarded_tail(c_eff=c_wait, rho=rho, rates=[o / dt for o in offered_by_class],
                                  depth=[d if g else math.inf for d, g in zip(depth, guarded)])
@@ -266,9 +267,10 @@ class RateSim:
         for amount, w in waits:
             if w <= 0.0:
                 met = [m + a * nb for m, a, nb in zip(met, amount, no_backlog)]
-                lost = [a * r for a, r in zip(amount, reject)]
-                shed_now = [x + y for x, y in zip(shed_now, lost)]
-                admitted -= _total(lost)
+                if rejecting:  # else every loss is 0.0 (finite amounts x 0.0), which adds nothing to any figure
+                    lost = [a * r for a, r in zip(amount, reject)]
+                    shed_now = [x + y for x, y in zip(shed_now, lost)]
+                    admitted -= _total(lost)
             elif w <= self.slo_s:
                 met = [m + a for m, a in zip(met, amount)]  # every slot is busy: the fluid backlog is the
                 # queue, a request waits its drain

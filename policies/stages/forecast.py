@@ -65,6 +65,7 @@ critical 95.5-95.9 % with the floor of one replica).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import warnings
@@ -288,15 +289,16 @@ def observe(
     fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
         fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
-    ratios = fs.ratios
+    ratios, ratios_sorted = fs.ratios, fs.ratios_sorted
     if fs.kind != "none":
         expected = point(fs, 1)
         if expected > 0 or rate > 0:
             floor = _RATIO_FLOOR_OF_PEAK * max(fs.history[-_RATIO_FLOOR_BUCKETS:], default=0.0)
             ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
-            ratios = (ratios + (ratio,))[-_kept(spec):]
-    rates = (fs.rates + (rate,))[-_kept(spec):]
-    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates)
+            ratios, ratios_sorted = _slide(ratios, ratios_sorted, ratio, kept=_kept(spec))
+    rates, rates_sorted = _slide(fs.rates, fs.rates_sorted, rate, kept=_kept(spec))
+    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates,
+                   ratios_sorted=ratios_sorted, rates_sorted=rates_sorted)
 
 
 def _begun(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> tuple[ForecastState, bool]:
@@ -430,18 +432,41 @@ def _kept(spec: PolicySpec) -> int:
     return max(_MIN_RATIOS, int(spec.burst_lookback_s / spec.tick_s))
 
 
-def _quantile(spec: PolicySpec, values: tuple[float, ...]) -> float | None:
+def _slide(
+    window: tuple[float, ...], ordered: tuple[float, ...], value: float, *, kept: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(window, ordered) after `value` joins the window and all but its last `kept` values leave it;
+    `ordered` is the window in ascending order, exactly as `sorted(window)` gives it.
+
+    Sorting the whole window every tick (twice: ratios and rates, 240 values each at the defaults) was the
+    largest cost of the forecaster's ticks between refits. Here the new value goes in after any equal one
+    (`bisect_right`) and a leaving value, the oldest of the window, is taken out where its equals begin
+    (`bisect_left`): among equal values (0.0 and -0.0 compare equal) the order stays that of arrival, which
+    is the order `sorted`'s stable sort gives them, so every index holds the same float as in
+    `sorted(window)`. The values are finite (sanitized rates, bounded ratios): with a NaN neither order
+    would mean anything."""
+    if len(ordered) != len(window):  # not kept in step with the window (a state built by hand)
+        ordered = tuple(sorted(window))
+    i = bisect.bisect_right(ordered, value)
+    ordered = ordered[:i] + (value,) + ordered[i:]
+    for gone in window[: max(0, len(window) + 1 - kept)]:
+        j = bisect.bisect_left(ordered, gone)
+        ordered = ordered[:j] + ordered[j + 1 :]
+    return (window + (value,))[-kept:], ordered
+
+
+def _quantile(spec: PolicySpec, values: tuple[float, ...], ordered: tuple[float, ...]) -> float | None:
+    """The `burst_quantile` of the window `values`; `ordered` is it sorted, if kept in step (`_slide`)."""
     if len(values) < _MIN_RATIOS:
         return None
-    ordered = sorted(values)
+    if len(ordered) != len(values):
+        ordered = tuple(sorted(values))
     return ordered[min(len(ordered) - 1, int(spec.burst_quantile * len(ordered)))]
-
-
 
 
 def envelope(spec: PolicySpec, fs: ForecastState) -> tuple[float | None, float | None]:
     """The burst envelope's two quantiles (ratio, recent rate), computed once per tick."""
-    return _quantile(spec, fs.ratios), _quantile(spec, fs.rates)
+    return _quantile(spec, fs.ratios, fs.ratios_sorted), _quantile(spec, fs.rates, fs.rates_sorted)
 
 
 def forecast(
