@@ -4,7 +4,9 @@
   and the capacity sized on it, holds for up to `outage_hold_s`), named in the reasons;
 - a statsmodels refit on this tick (the expensive tick), named and flagged in `Decision.refitted`;
 - a steady climb (`forecast.climb`): the rate it reaches within one pod start-up, which the predictive
-  stage orders early and the combine stage follows at once (a climb is demand, not a burst).
+  stage orders early and the combine stage follows at once (a climb is demand, not a burst);
+- else a rise that held (`forecast.held_rise`: above the forecast by more than the rate's noise, for half
+  a start-up): the level it holds, taken as demand the same way, with the cost of each mistake named.
 """
 
 from __future__ import annotations
@@ -35,4 +37,10 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         )
     if refitted(fs, now):
         lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
-    return tick.then(lines, rising=fc.climb(spec, fs, tick.startup_s))
+    rising = fc.climb(spec, fs, tick.startup_s)
+    if rising is None:
+        held = fc.held_rise(spec, fs, tick.startup_s)
+        if held is not None:
+            rising, why = held
+            lines.append(why)
+    return tick.then(lines, rising=rising)
