@@ -408,12 +408,12 @@ def climb(spec: PolicySpec, fs: ForecastState, horizon_s: float) -> float | None
 
 # A rise that holds (see the module docstring, "Ramps"): the share of a start-up its arrivals must hold
 # for (beyond the rate's window); how many standard errors of its mean above the expected rate it must
-# stand; how many sd above it every tick of the hold must be. 3.5 and 1.5, measured on simulated live rates
-# (1.5-s ticks, a 6-s window; tests/test_held_rise.py): with 3 and 1, stationary noise gave 3 false rises in
-# 60,000 ticks and a 4-s burst (shown for 10 s by a sliding window) 4 in 40; with 3.5 and 1.5, 1 and 1, and
-# the fleet drill's doubling was seen a median of 19.5-22.5 s after it began (18 s long), on its recorded
-# live rates 13.5 s before the burst rule took it for demand. A tick threshold of 2 missed no burst but
-# saw the doubling up to 51 s late.
+# stand; how many sd above it every tick of the hold must be. Measured on simulated live rates (1.5-s
+# ticks, a 6-s window; tests/test_held_rise.py; 60,000 stationary ticks at 3, 11 and 60 req/s, 40 four-s
+# bursts, 20 doublings; read over 3 s as live / over a sliding 6 s): 3.5 and 1.5 gave 0 / 1 false rises,
+# 0 / 1 bursts taken, the doubling seen a median 22.5 / 19.5 s after it began (at worst 40.5 / 25.5);
+# 3 and 1.5: 0 / 1, 0 / 2, the same times; 3.5 and 1: 0 / 3, 0 / 4, 19.5 / 19.5 (34.5 / 25.5); 3.5 and 2:
+# none taken, but up to 51 s late. All four see chat's recorded run-16 doubling at the same tick.
 RISE_HOLD_OF_STARTUP = 0.5
 RISE_Z = 3.5
 RISE_TICK_Z = 1.5
