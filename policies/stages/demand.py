@@ -6,7 +6,11 @@
 - a steady climb (`forecast.climb`): the rate it reaches within one pod start-up, which the predictive
   stage orders early and the combine stage follows at once (a climb is demand, not a burst);
 - else a rise that held (`forecast.held_rise`: above the forecast by more than the rate's noise, for half
-  a start-up): the level it holds, taken as demand the same way, with the cost of each mistake named.
+  a start-up beyond the rate's window): the level it holds, with the cost of each mistake named. It is
+  demand at that level (the predictive stage sizes for at least it and does not cut it as a one-off burst),
+  not growth: a tick above it is still a burst to confirm (on servegen-deepseek-r1 seed 2, taking the
+  reactive figure at once on a held rise ordered 45 replicas for one tick's 28 req/s where the held level
+  needed 29, held for the scale-down window).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ def refitted(fs: ForecastState, now: float) -> bool:
 
 
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
-    """Outage and refit lines; the climb's rate at the end of one start-up, if demand climbs steadily."""
+    """Outage and refit lines; the climb's rate at the end of one start-up, if demand climbs steadily; else
+    the level a rise held, if one did."""
     assert tick.clean is not None
     fs, now = tick.state.forecast, tick.now
     lines = []
@@ -38,9 +43,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     if refitted(fs, now):
         lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
     rising = fc.climb(spec, fs, tick.startup_s)
-    if rising is None:
-        held = fc.held_rise(spec, fs, tick.startup_s)
-        if held is not None:
-            rising, why = held
-            lines.append(why)
-    return tick.then(lines, rising=rising)
+    held = fc.held_rise(spec, fs, tick.startup_s) if rising is None else None
+    if held is not None:
+        lines.append(held[1])
+    return tick.then(lines, rising=rising, held=held[0] if held is not None else None)
