@@ -53,6 +53,7 @@ def _burst(t: float) -> float:
 HOLD_S = WINDOW_S + 0.5 * STARTUP_S + TICK_S
 SEEN_BY_S = 180.0 + 18.0 + HOLD_S
 
+
 def _first_fire(rates: list[float], detector, *, after_s: float = 60.0) -> float | None:
     fs = ForecastState()
     for k, r in enumerate(rates):
@@ -72,7 +73,7 @@ def test_a_doubling_on_a_live_like_rate_is_seen_before_the_window_holds_all_of_i
 
 # The top tier's per-tick rates (req/s) in the fleet drill's run 16 (`python -m loadtest.e2e --scenario fleet`),
 # from its controller's decision log, one a tick from its first decision; None: the tick held. Its traffic
-# doubles from tick 63 (scenario minute 19) to tick 75 (minute 22); the windowed rate shows it from tick 83.
+# doubles from about tick 77 (scenario minute 19) to tick 89 (minute 22); the rate shows it from tick 83.
 RUN_16_CHAT = (
     0.0, 0.0, 6.0, 9.3, 10.0, 6.8, 10.0, 8.4, 8.7, 10.6, 10.0, 10.7, 9.6, 11.3, 12.0, 12.7, 10.6, 11.1, 12.0, 11.3,
     15.4, 14.0, 12.7, 12.0, 11.3, 14.7, 10.0, 10.4, 10.9, 10.7, 12.7, 11.1, 11.3, 11.1, 10.0, 15.3, 10.2, 9.8, 11.3,
