@@ -445,11 +445,15 @@ def held_rise(spec: PolicySpec, fs: ForecastState, startup_s: float) -> tuple[fl
     expected = point(fs, 1)
     if expected <= 0:
         return None
-    noise = max(1.0 / math.sqrt(expected * window_s), _spread_ratio(fs.ratios[:-hold], lag)) * expected
     span = fs.rates[-hold:]
-    level = sum(span) / hold
-    error = noise * math.sqrt(_overlap_sum(hold, lag)) / hold
-    if level - expected < RISE_Z * error or min(span) < expected + RISE_TICK_Z * noise:
+    level, lowest = sum(span) / hold, min(span)
+    spread = math.sqrt(_overlap_sum(hold, lag)) / hold  # the mean's error per unit of a tick's noise
+    noise = math.sqrt(expected / window_s)  # Poisson's, the least: most ticks stop here, before the sort
+    if level - expected < RISE_Z * spread * noise or lowest < expected + RISE_TICK_Z * noise:
+        return None
+    noise = max(noise, _spread_ratio(fs.ratios[:-hold], lag) * expected)
+    error = noise * spread
+    if level - expected < RISE_Z * error or lowest < expected + RISE_TICK_Z * noise:
         return None
     return level, (
         f"forecast: demand rose to {level:.1f} req/s from the expected {expected:.1f} and held "
