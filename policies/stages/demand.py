@@ -6,7 +6,13 @@
   refit that could not run (`forecast.Fitter` raised: its process crashed, hung or did not start), named
   with its reason on every tick until a refit runs, while the previous parameters stand in;
 - a steady climb (`forecast.climb`): the rate it reaches within one pod start-up, which the predictive
-  stage orders early and the combine stage follows at once (a climb is demand, not a burst).
+  stage orders early and the combine stage follows at once (a climb is demand, not a burst);
+- else a rise that held (`forecast.held_rise`: above the forecast by more than the rate's noise, for half
+  a start-up beyond the rate's window): the level it holds, with the cost of each mistake named. It is
+  demand at that level (the predictive stage sizes for at least it and does not cut it as a one-off burst),
+  not growth: a tick above it is still a burst to confirm (on servegen-deepseek-r1 seed 2, taking the
+  reactive figure at once on a held rise ordered 45 replicas for one tick's 28 req/s where the held level
+  needed 29, held for the scale-down window).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ def refitted(fs: ForecastState, now: float) -> bool:
 
 
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
-    """Outage and refit lines; the climb's rate at the end of one start-up, if demand climbs steadily."""
+    """Outage and refit lines; the climb's rate at the end of one start-up, if demand climbs steadily; else
+    the level a rise held, if one did."""
     assert tick.clean is not None
     fs, now = tick.state.forecast, tick.now
     lines = []
@@ -40,4 +47,8 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         lines.append(f"{REFIT_REASON} {fs.kind} on {len(fs.history)} buckets")
     if fs.unfitted is not None:
         lines.append(f"{UNFITTED_REASON} ({fs.unfitted}): the {fs.kind} model's previous parameters kept")
-    return tick.then(lines, rising=fc.climb(spec, fs, tick.startup_s))
+    rising = fc.climb(spec, fs, tick.startup_s)
+    held = fc.held_rise(spec, fs, tick.startup_s) if rising is None else None
+    if held is not None:
+        lines.append(held[1])
+    return tick.then(lines, rising=rising, held=held[0] if held is not None else None)

@@ -6,6 +6,8 @@ feedback's headroom, is sized like every rate (`sizing.replicas_for_rate`). Whil
 (stage 4, demand), what the climb needs by the end of one start-up is ordered now, as far as warm and idle slots
 (capacity already paid for) can take it, so it is ready when the demand is; without a free slot such a
 replica would land after node provisioning too, and the combine stage follows the climb tick by tick.
+A rise that held (stage 4, demand) is demand at the level it held: the upper bound is at least that level, the
+burst envelope is not cut for it as for a one-off burst, and free slots take what it needs at once.
 E.g. 10 replicas for the forecast, a climb to 14 replicas' worth, 3 warm slots: 3 ordered now, 13 in all.
 
 With `calibrate_upper`, the upper bound is calibrated at the lead time (`calibration.py`): the raw bound
@@ -38,7 +40,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     full = fc.envelope(spec, fs)
     quantiles, why = fc.recurring_only(fs, full, gap_ticks=max(1, math.ceil(tick.startup_s / spec.tick_s)),
                                        protected_share=protected_share(spec, tick.clean.arrival_rate_by_priority),
-                                       climbing=tick.rising is not None)
+                                       climbing=tick.rising is not None or tick.held is not None)
     lines = [why] if why else []
     at_lead = {"now": tick.now, "start_s": tick.lead_s, "end_s": tick.lead_s + spec.tick_s}
     predicted = fc.forecast(spec, fs, **at_lead, quantiles=quantiles)
@@ -51,6 +53,9 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     if predicted is not None:
         predicted, back = _after_silence(spec, tick, predicted)
         lines += back
+    if predicted is not None and tick.held is not None and tick.held > predicted[1]:
+        predicted = (predicted[0], tick.held)
+        lines.append(f"forecast: upper bound raised to the {tick.held:.1f} req/s the rise held")
     replicas = None
     if predicted is not None:
         replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
@@ -61,8 +66,9 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         early = _early(spec, tick, replicas)
         if early > 0:
             replicas += early
-            lines.append(f"forecast: demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s; "
-                         f"{early} replicas ordered now onto warm or idle slots")
+            what = (f"demand climbing steadily to {tick.rising:.1f} req/s at +{tick.startup_s:.0f} s"
+                    if tick.rising is not None else f"demand held at {tick.held:.1f} req/s")
+            lines.append(f"forecast: {what}; {early} replicas ordered now onto warm or idle slots")
     state = tick.state if fs is tick.state.forecast else tick.state.changed(forecast=fs)
     return tick.then(lines, quantiles=quantiles, predicted=predicted, predictive=replicas, state=state)
 
@@ -103,9 +109,11 @@ def _after_silence(spec: PolicySpec, tick: Tick, predicted: tuple[float, float]
 
 
 def _early(spec: PolicySpec, tick: Tick, predictive: int) -> int:
-    """Replicas the climb needs beyond `predictive`, within the free warm and idle slots (0: none)."""
+    """Replicas the climb (or the level a rise held) needs beyond `predictive`, within the free warm and
+    idle slots (0: none)."""
     assert tick.clean is not None and tick.clean.cluster is not None
     free = tick.clean.cluster.warm_slots_ready + tick.clean.cluster.idle_slots
-    if tick.rising is None or not free:
+    rate = tick.rising if tick.rising is not None else tick.held
+    if rate is None or not free:
         return 0
-    return min(free, replicas_for_rate(spec, tick.rising * tick.sizing, tick.service_s) - predictive)
+    return min(free, replicas_for_rate(spec, rate * tick.sizing, tick.service_s) - predictive)
