@@ -304,6 +304,7 @@ class Settings(BaseSettings):
         if self.target is not None and self.fleet.enabled:
             raise ValueError(f"target {self.target.namespace}/{self.target.name} and fleet.enabled: pick one (in "
                              "fleet mode each ModelAutoscaler names its target)")
+        self._decision_applies()
         if self.model_server not in PRESETS:
             raise ValueError(f"model_server {self.model_server!r} is not one of {sorted(PRESETS)}")
         if self.prometheus.url is None and not self.scrape.enabled:
@@ -323,6 +324,16 @@ class Settings(BaseSettings):
             raise ValueError(f"policy.priorities {sorted(self.policy.priorities)}: names must differ in more than "
                              "case (the admission endpoint matches them case-insensitively)")
         return self._with_rate_window()
+
+    def _decision_applies(self) -> None:
+        """A `fleet.decision` that nothing would read is refused, not silently ignored."""
+        if self.fleet.decision == FleetDecision():
+            return
+        if not self.fleet.enabled:
+            raise ValueError("fleet.decision is set but fleet.enabled is not: the fleet decision runs in fleet mode")
+        if self.capacity.max_gpus is None and self.capacity.namespace_max_gpus is None:
+            raise ValueError("fleet.decision is set but no GPU cap is: the fleet decision runs under "
+                             "capacity.max_gpus or capacity.namespace_max_gpus (without one each model decides alone)")
 
     def _with_rate_window(self) -> "Settings":
         """The policy told the window its arrival rate is averaged over, when unset there and the rate is the

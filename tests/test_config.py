@@ -116,3 +116,33 @@ def test_a_binary_config_is_refused_naming_file_and_line(tmp_path):
     path.write_bytes(b"target: {namespace: llm, name: m}\n\xff\xfe\x00\x81\n")
     with pytest.raises(ConfigError, match=rf"^{path}:2: not UTF-8 text: byte 0xff at column 1"):
         load_config(path)
+
+
+FLEET = "fleet: {enabled: true, decision: %s}\nprometheus: {url: 'http://prom:9090'}\n"
+
+
+@pytest.mark.parametrize("decision,capacity,match", [
+    ("{levels: [[0, premium]]}", "{max_gpus: 8}", r"field 'fleet.decision'.*levels name classes \['premium'\]"),
+    ("{levels: [[0, critical], [0, critical]]}", "{max_gpus: 8}", r"named twice"),
+    ("{levels: [[-1, critical]]}", "{max_gpus: 8}", r"field 'fleet.decision.levels.0.0'"),
+    ("{warm_after: soon}", "{max_gpus: 8}", r"warm_after = 'soon'"),
+    ("{zero_wake_slots: 2}", "{}", r"fleet.decision is set but no GPU cap is"),
+])
+def test_a_fleet_decision_that_cannot_apply_is_refused_naming_why(tmp_path, decision, capacity, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write(tmp_path, FLEET % decision + f"capacity: {capacity}\n"))
+
+
+def test_a_fleet_decision_outside_fleet_mode_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="fleet.decision is set but fleet.enabled is not"):
+        load_config(write(tmp_path, BASE + "fleet: {decision: {zero_wake_slots: 0}}\n"))
+
+
+def test_the_fleet_decisions_defaults_are_the_policys(tmp_path):
+    from autoscaler.config import FleetDecision
+    from policies.fleet import FleetSpec
+
+    assert FleetDecision().spec() == FleetSpec()
+    settings = load_config(write(tmp_path, FLEET % "{levels: [[1, critical]], warm_after: tier}"
+                                 + "capacity: {max_gpus: 8}\n"))
+    assert settings.fleet.decision.spec() == FleetSpec(levels=((1, "critical"),), warm_after="tier")
