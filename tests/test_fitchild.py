@@ -3,14 +3,17 @@ that crashes, hangs or cannot start leaves the previous parameters in place, nam
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from autoscaler.fitchild import ProcessFitter
+from autoscaler.fitchild import BUSY, SHUTTING_DOWN, ProcessFitter
 from policies import decide, initial_state
 from policies.stages import forecast
 from policies.stages.demand import REFIT_REASON, UNFITTED_REASON
@@ -26,6 +29,37 @@ def _history(n: int) -> bytes:
 
 def _failures(fitter: ProcessFitter, reason: str) -> float:
     return fitter.failures.labels(reason)._value.get()
+
+
+def _counted(fitter: ProcessFitter) -> float:
+    return sum(_failures(fitter, r) for r in ("start", "exited", "timeout", "protocol", "error"))
+
+
+# A child that answers every request `("ok", None, 1.0)` (no fit) on the fd its last argument names: for the
+# tests of the process handling, without statsmodels' import.
+_ANSWERS = ("import sys; from multiprocessing.connection import Connection; "
+            "req = Connection(0, writable=False); ans = Connection(int(sys.argv[-1]), readable=False)\n"
+            "while True:\n"
+            "    try: req.recv()\n"
+            "    except EOFError: break\n"
+            "    ans.send(('ok', None, 1.0))\n")
+
+
+def _within(limit_s: float, call):
+    """`call()`'s result or exception, from a thread; fails the test (instead of hanging it) past `limit_s`."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit_s)
+    assert not t.is_alive(), f"still blocked after {limit_s} s"
+    return out[0]
 
 
 def test_a_fit_in_the_child_is_the_same_bits_as_in_this_process():
@@ -66,7 +100,7 @@ def test_a_child_that_crashes_is_a_named_failure_then_a_back_off_on_the_controll
     assert _failures(fitter, "exited") == 1
     clock_s[0] += 59.0
     t0 = time.perf_counter()
-    with pytest.raises(FitUnavailable, match=r"exited \(code 3\); next attempt in 1 s"):
+    with pytest.raises(FitUnavailable, match=r"^the fit process exited \(code 3\)$"):  # no countdown: stable
         fitter(_history(40), 288, False)
     assert time.perf_counter() - t0 < 0.1 and _failures(fitter, "exited") == 1  # refused, no child started
     clock_s[0] += 1.0
@@ -160,3 +194,109 @@ def test_the_controller_process_never_imports_statsmodels_when_fits_run_in_the_c
     out = subprocess.run([sys.executable, "-m", "loadtest.controllerday", "--ticks", "400", "--fit-in-process"],
                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
     assert "statsmodels" in json.loads(out.stdout.strip().splitlines()[-1])["fit_stack_loaded"]  # the check sees it
+
+
+def test_a_child_that_does_not_read_a_request_larger_than_the_pipe_is_killed_at_the_timeout():
+    """A week of 60-s buckets (80 KB) exceeds the pipe's buffer: the send itself blocks until the watchdog."""
+    fitter = ProcessFitter(command=[sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
+    exc = _within(5.0, lambda: fitter(_history(7 * 1440), 1440, True))
+    assert isinstance(exc, FitUnavailable) and "did not answer within" in str(exc)
+    assert _failures(fitter, "timeout") == 1 and fitter._child is None
+
+
+def test_text_a_child_prints_before_main_does_not_reach_the_answers():
+    noisy = [sys.executable, "-c", "print('x' * 100, flush=True)\n" + _ANSWERS]
+    fitter = ProcessFitter(command=noisy, timeout_s=5.0)
+    try:
+        assert _within(10.0, lambda: fitter(_history(40), 288, False)) is None and fitter.fits == 1
+    finally:
+        fitter.close()
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("ans.send_bytes(b'not a pickle')", "unreadable"),  # an UnpicklingError, not out of decide
+    ("import os; os.write(int(sys.argv[-1]), b'\\x7f\\xff\\xff\\xff')", "unreadable"),  # a 2-GB length
+    ("ans.send(('ok', None))", "malformed"),
+])
+def test_a_garbled_answer_is_a_protocol_failure_and_the_child_is_killed(answer, why):
+    script = ("import sys, time; from multiprocessing.connection import Connection; "
+              "Connection(0, writable=False).recv(); ans = Connection(int(sys.argv[-1]), readable=False)\n"
+              f"{answer}\ntime.sleep(60)")
+    fitter = ProcessFitter(command=[sys.executable, "-c", script], timeout_s=5.0)
+    exc = _within(10.0, lambda: fitter(_history(40), 288, False))
+    assert isinstance(exc, FitUnavailable) and why in str(exc), exc
+    assert _failures(fitter, "protocol") == 1 and fitter._child is None  # killed and reaped
+
+
+def test_a_model_waiting_for_another_models_fit_gives_up_uncounted_and_without_back_off():
+    fitter = ProcessFitter(command=[sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=3.0,
+                           lock_wait_s=0.2)
+    hung = threading.Thread(target=lambda: pytest.raises(FitUnavailable, fitter, _history(40), 288, False))
+    hung.start()
+    try:
+        time.sleep(0.3)  # the first call holds the child
+        t0 = time.perf_counter()
+        with pytest.raises(FitUnavailable, match=f"^{BUSY}$"):
+            fitter(_history(41), 288, False)
+        assert time.perf_counter() - t0 < 1.0 and _counted(fitter) == 0 and fitter._failed_at is None
+    finally:
+        hung.join(10.0)
+    assert _failures(fitter, "timeout") == 1  # the hung one's
+
+
+def test_a_child_that_died_while_idle_is_replaced_without_a_failure():
+    fitter = ProcessFitter(command=[sys.executable, "-c", _ANSWERS], timeout_s=5.0)
+    try:
+        assert fitter(_history(40), 288, False) is None
+        first = fitter._child.proc
+        first.send_signal(signal.SIGKILL)  # as the OOM killer would
+        first.wait(5.0)
+        assert fitter(_history(41), 288, False) is None and fitter._child.proc is not first
+        assert fitter.fits == 2 and _counted(fitter) == 0 and fitter._failed_at is None
+    finally:
+        fitter.close()
+
+
+def test_close_kills_a_fit_in_progress_at_once_and_later_calls_start_no_child():
+    fitter = ProcessFitter(command=[sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=30.0)
+    outcome: list = []
+    fitting = threading.Thread(target=lambda: outcome.append(_within(10.0, lambda: fitter(_history(40), 288, False))))
+    fitting.start()
+    time.sleep(0.5)
+    proc = fitter._child.proc
+    t0 = time.perf_counter()
+    fitter.close()
+    assert time.perf_counter() - t0 < 0.5  # did not wait for the fit's lock
+    fitting.join(5.0)
+    assert proc.poll() is not None and str(outcome[0]) == SHUTTING_DOWN and _counted(fitter) == 0
+    with pytest.raises(FitUnavailable, match=f"^{SHUTTING_DOWN}$"):
+        fitter(_history(40), 288, False)
+    assert fitter._child is None and _counted(fitter) == 0
+
+
+def test_the_child_runs_this_checkout_whatever_the_directory_it_is_started_in(tmp_path, monkeypatch):
+    (tmp_path / "autoscaler").mkdir()
+    (tmp_path / "autoscaler" / "__init__.py").write_text("")
+    (tmp_path / "autoscaler" / "fitchild.py").write_text("raise SystemExit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    fitter = ProcessFitter()
+    try:
+        assert fitter(_history(40), 288, False) == forecast.in_process.__wrapped__(_history(40), 288, False)
+    finally:
+        fitter.close()
+
+
+def test_a_fit_that_raises_in_the_child_fails_that_call_only():
+    """An odd number of bytes is no float64 history: the child's fit raises; the same child fits the next."""
+    fitter = ProcessFitter()
+    try:
+        with pytest.raises(FitUnavailable, match="ValueError"):
+            fitter(b"abc", 288, False)
+        child = fitter._child.proc
+        assert _failures(fitter, "error") == 1 and fitter._failed_at is None and child.poll() is None
+        assert fitter(_history(40), 288, False) is not None and fitter._child.proc is child
+        assert os.getsid(child.pid) != os.getsid(0)  # its own session: a Ctrl-C to ours does not stop a fit
+        with open(f"/proc/{child.pid}/oom_score_adj") as f:
+            assert f.read().strip() == "1000"  # the OOM killer picks it before the controller
+    finally:
+        fitter.close()
