@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from autoscaler.board import DecisionBoard
 from autoscaler.fitchild import BUSY, SHUTTING_DOWN, ProcessFitter
 from policies import decide, initial_state
 from policies.stages import forecast
@@ -147,8 +148,8 @@ def test_a_process_has_one_refit_child_and_its_failures_are_in_the_controllers_m
     from autoscaler.runtime import Parts
 
     parts, registry, clock = Parts(), CollectorRegistry(), ManualClock()
-    fitter = parts.fitter(registry, clock)
-    assert parts.fitter(registry, clock) is fitter  # the fleet's models share it
+    fitter = parts.fitter(registry, clock, deadline_s=12.0)
+    assert parts.fitter(registry, clock, deadline_s=12.0) is fitter  # the fleet's models share it
     fitter.command = ["/nonexistent/python"]
     with pytest.raises(FitUnavailable):
         fitter(_history(40), 288, False)
@@ -300,3 +301,77 @@ def test_a_fit_that_raises_in_the_child_fails_that_call_only():
             assert f.read().strip() == "1000"  # the OOM killer picks it before the controller
     finally:
         fitter.close()
+
+
+def _controller_settings():
+    from autoscaler.config import Settings
+
+    return Settings(target={"namespace": "llm", "name": "m"}, mode="shadow",
+                    prometheus={"url": "http://127.0.0.1:9"}, leader_election={"enabled": False},
+                    warm_pool={"enabled": False}, policy={"tick_s": 10})
+
+
+def test_autoscaler_run_passes_its_refit_child_to_the_loop_with_half_the_ticks_deadline_and_closes_it():
+    import asyncio
+
+    from kubernetes_asyncio import client
+
+    from autoscaler.clock import SystemClock
+    from autoscaler.kube.client import Kube
+    from autoscaler.loop import PriorityCounter
+    from autoscaler.metrics import ControllerMetrics
+    from autoscaler.runtime import Parts, build_controller, stop_servers
+
+    settings, parts, metrics = _controller_settings(), Parts(), ControllerMetrics()
+
+    async def go():
+        kube = Kube(client.ApiClient())  # no request is made
+        try:
+            controller = build_controller(settings, kube, None, identity="test", board=DecisionBoard(),
+                                          metrics=metrics, priorities=PriorityCounter(), clock=SystemClock(),
+                                          parts=parts)
+            assert isinstance(parts.fit, ProcessFitter) and controller.fit is parts.fit
+            assert parts.fit.timeout_s == settings.deadline_s / 2 == 4.0  # 80 % of a 10-s tick, halved
+            await stop_servers(parts)
+        finally:
+            await kube.close()
+
+    asyncio.run(go())
+    with pytest.raises(FitUnavailable, match=f"^{SHUTTING_DOWN}$"):  # closed by stop_servers
+        parts.fit(_history(40), 288, False)
+
+
+def test_the_fleet_passes_its_one_refit_child_to_every_model():
+    import asyncio
+
+    from kubernetes_asyncio import client
+
+    from autoscaler.clock import SystemClock
+    from autoscaler.config import Settings
+    from autoscaler.crd import parse_spec, settings_for
+    from autoscaler.fleet.runtime import base_config, build_fleet
+    from autoscaler.kube.client import Kube
+    from autoscaler.runtime import Parts
+
+    settings = Settings(fleet={"enabled": True, "namespaces": ["llm"]}, mode="shadow",
+                        prometheus={"url": "http://127.0.0.1:9"}, warm_pool={"enabled": False},
+                        leader_election={"enabled": False}, policy={"tick_s": 5})
+
+    def spec(target):
+        return settings_for(namespace="llm", base=base_config(settings), spec=parse_spec(
+            {"target": {"name": target}, "selector": {"matchLabels": {"app": target}}, "policy": {"tick_s": 5}}))
+
+    async def go():
+        kube, parts = Kube(client.ApiClient()), Parts()
+        try:
+            fleet = build_fleet(settings, kube, None, identity="test", clock=SystemClock(), parts=parts)
+            assert isinstance(parts.fit, ProcessFitter) and parts.fit.timeout_s == settings.deadline_s / 2
+            models = [fleet.builder.build(("llm", n), spec(n), generation=1, is_leader=lambda: True) for n in "ab"]
+            assert [m.controller.fit for m in models] == [parts.fit, parts.fit]
+            await fleet.builder.update(models[0], spec("other"), generation=2)  # a new target: a new controller
+            assert models[0].controller.fit is parts.fit
+            await asyncio.gather(*(m.stop() for m in models))
+        finally:
+            await kube.close()
+
+    asyncio.run(go())
