@@ -59,7 +59,9 @@ log = structlog.get_logger("autoscaler")
 
 # A fit on a week of 5-min buckets takes about 0.2 s, the child's imports about 1.5 s (docs/speed.md); a
 # loaded node may take several times that. The controller derives its timeout from the tick's deadline
-# (`Parts.fitter`); this default is for a fitter made without one.
+# (`Parts.fitter`): half of it, so that a hung child leaves the tick time to publish and act; TIMEOUT_S is
+# for a fitter made without one.
+FIT_SHARE_OF_DEADLINE = 0.5
 TIMEOUT_S = 30.0
 IDLE_S = 60.0
 BACKOFF_S = 300.0
@@ -223,7 +225,9 @@ class ProcessFitter:
         self.fits += 1
         self.peak_rss_mb = max(self.peak_rss_mb or 0.0, peak_mb)
         self._used_s = time.monotonic()
-        if self._idle is None:
+        if self._closed:  # closed while this fit ran (close could not take the lock): the answer stands
+            self._drop_child(kill=True)
+        elif self._idle is None:
             self._check_idle_in(self.idle_s)
         return fitted
 
