@@ -235,7 +235,9 @@ def test_a_model_waiting_for_another_models_fit_gives_up_uncounted_and_without_b
     hung = threading.Thread(target=lambda: pytest.raises(FitUnavailable, fitter, _history(40), 288, False))
     hung.start()
     try:
-        time.sleep(0.3)  # the first call holds the child
+        deadline = time.monotonic() + 5.0
+        while fitter._child is None and time.monotonic() < deadline:  # the first call holds the child
+            time.sleep(0.05)
         t0 = time.perf_counter()
         with pytest.raises(FitUnavailable, match=f"^{BUSY}$"):
             fitter(_history(41), 288, False)
@@ -263,7 +265,9 @@ def test_close_kills_a_fit_in_progress_at_once_and_later_calls_start_no_child():
     outcome: list = []
     fitting = threading.Thread(target=lambda: outcome.append(_within(10.0, lambda: fitter(_history(40), 288, False))))
     fitting.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 5.0
+    while fitter._child is None and time.monotonic() < deadline:  # the fit has started its child
+        time.sleep(0.05)
     proc = fitter._child.proc
     t0 = time.perf_counter()
     fitter.close()
