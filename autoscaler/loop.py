@@ -39,6 +39,7 @@ from autoscaler.kube.warmpool import WarmPool
 from autoscaler.metrics import ControllerMetrics
 from autoscaler.signals.prometheus import QueryResult
 from policies import SAMPLE_SIGNALS, ClusterState, Decision, Sample, Signals, decide, initial_state
+from policies.stages.forecast import Fitter
 
 log = structlog.get_logger("autoscaler")
 
@@ -117,7 +118,7 @@ class Controller:
     state: Any = field(default_factory=initial_state)
     last_tick_s: float | None = None
     reports_held: bool = False  # the admission endpoint runs: its held count is the held_requests signal
-    fit: Any = None  # where the forecaster's refits run (a forecast.Fitter: autoscaler.fitchild); None: in process
+    fit: Fitter | None = None  # where the refits run (autoscaler.fitchild.ProcessFitter); None: in process
     _capacity_event: tuple[int, float] | None = None  # (unplaceable replicas, when) of the last Warning
 
     def _error(self, exc: Exception, where: str) -> None:

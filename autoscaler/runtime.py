@@ -32,7 +32,7 @@ from autoscaler.admission import Admission
 from autoscaler.board import DecisionBoard
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import Mode, Settings
-from autoscaler.fitchild import ProcessFitter
+from autoscaler.fitchild import FIT_SHARE_OF_DEADLINE, LOCK_WAIT_S, ProcessFitter
 from autoscaler.kube.client import Kube
 from autoscaler.kube.deletion import DeletionOrder
 from autoscaler.kube.events import EventRecorder
@@ -175,10 +175,14 @@ class Parts:
     serving: bool = False  # every server listens
     fit: ProcessFitter | None = None  # the refits' child process (one per process, shared by its models)
 
-    def fitter(self, registry: CollectorRegistry, clock: Clock) -> ProcessFitter:
-        """The process's refit child, made on first use (its failures counted in `registry`)."""
+    def fitter(self, registry: CollectorRegistry, clock: Clock, *, deadline_s: float) -> ProcessFitter:
+        """The process's refit child, made on first use (its failures counted in `registry`). A fit may take
+        half the tick's deadline, and a model waits for another's at most a quarter of that: a hung child
+        costs its model's tick, never the fleet's (see autoscaler/fitchild.py)."""
         if self.fit is None:
-            self.fit = ProcessFitter(registry=registry, now=clock.now)
+            timeout_s = FIT_SHARE_OF_DEADLINE * deadline_s
+            self.fit = ProcessFitter(registry=registry, now=clock.now, timeout_s=timeout_s,
+                                     lock_wait_s=min(LOCK_WAIT_S, timeout_s / 4))
         return self.fit
 
 
@@ -244,7 +248,7 @@ def build_controller(settings: Settings, kube: Kube, session: aiohttp.ClientSess
         events=EventRecorder(kube, namespace=target.namespace, kind=target.kind, name=target.name, instance=identity),
         is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
         clock=clock,
-        fit=parts.fitter(metrics.registry, clock),
+        fit=parts.fitter(metrics.registry, clock, deadline_s=settings.deadline_s),
     )
     parts.tasks.insert(0, controller.run)
     return controller
@@ -304,8 +308,8 @@ async def start_servers(settings: Settings, *, host: str, controller: Controller
 
 
 async def stop_servers(parts: Parts) -> None:
-    if parts.fit is not None:
-        parts.fit.close()
+    if parts.fit is not None:  # kills a fit in progress; off the event loop all the same (it reaps the child)
+        await asyncio.to_thread(parts.fit.close)
     if parts.grpc_server is not None:
         await parts.grpc_server.stop(grace=2)
     for runner in parts.runners:

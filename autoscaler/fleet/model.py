@@ -29,6 +29,7 @@ from autoscaler.kube.readers import build_cluster_reader, build_warm_pool
 from autoscaler.runtime import Parts, build_admission, build_scaler, build_sources, decision_board
 from autoscaler.signals.prometheus import PrometheusSource
 from policies import ClusterState, Decision, initial_state
+from policies.stages.forecast import Fitter
 
 Key = tuple[str, str]
 
@@ -98,7 +99,7 @@ class ModelBuilder:
     clock: Clock
     readers: Readers = field(default_factory=Readers)
     wake: asyncio.Event | None = None  # one wake for the fleet: a request held for any model ticks at once
-    fit: Any = None  # where the models' refits run (one ProcessFitter for the fleet); None: in process
+    fit: Fitter | None = None  # where the models' refits run (one ProcessFitter for the fleet); None: in process
     pooled: PooledWarmPool | None = None  # the fleet's warm pool (allocation.py): each model's WarmPool view
     reclaimable: Callable[[Key], int] | None = None  # the fleet step's (allocation.py): see ReclaimableView
 

@@ -69,7 +69,7 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
                             on_error=lambda exc: metrics.errors.labels(exc.kind).inc()),
     )
     fleet.builder.wake = fleet.wake
-    fleet.builder.fit = parts.fitter(metrics.registry, clock)
+    fleet.builder.fit = parts.fitter(metrics.registry, clock, deadline_s=settings.deadline_s)
     fleet.step = build_step(settings, kube)
     fleet.builder.pooled = fleet.step.pooled if fleet.step is not None else None
     fleet.builder.reclaimable = fleet.step.reclaimable if fleet.step is not None else None

@@ -166,7 +166,7 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float, *, fit: Fitter | None 
     m = spec.season_buckets
     seasonal = len(y) >= spec.seasonal_min_cycles * m
     try:
-        fitted = (fit or in_process)(y.tobytes(), m, seasonal)
+        fitted = (fit if fit is not None else in_process)(y.tobytes(), m, seasonal)
     except FitUnavailable as exc:  # the previous parameters stay; the refit stays due (see `Fitter`)
         return replace(fs, unfitted=str(exc))
     if fitted is None:
