@@ -618,6 +618,7 @@ def reclaimable(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, budgets
         return out
     trailing = _shed_first(spec, models, fill)
     held = {m.name: fill.replicas[m.name] * m.gpus_per_replica for m in models}
+    by_name = {m.name: m for m in models}
     for m in models:
         g = m.gpus_per_replica
         if fill.free_gpus >= g:
@@ -627,7 +628,6 @@ def reclaimable(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, budgets
             if tier > m.tier:
                 for name, n in gpus_at.items():
                     spare[name] = spare.get(name, 0) + n
-        by_name = {o.name: o for o in models}
         # a lower tier's nominal quota is guaranteed before every level: not reclaimable by priority
         spare = {name: min(n, max(0, held[name] - by_name[name].nominal_gpus)) for name, n in spare.items()}
         gpus = sum(spare.values()) + max(0.0, fill.free_gpus)
