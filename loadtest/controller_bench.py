@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import subprocess
 import sys
 import time
 
@@ -168,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def fresh_day(ticks: int, *, in_process: bool) -> str:
     """The controller alone: a fresh process (`controllerday.py`) with `autoscaler run`'s imports runs `ticks`."""
-    import json
-    import subprocess
 
     out = subprocess.run([sys.executable, "-m", "loadtest.controllerday", "--ticks", str(ticks)]
                          + (["--fit-in-process"] if in_process else []),
@@ -184,8 +184,6 @@ def fresh_day(ticks: int, *, in_process: bool) -> str:
 
 def fleet_main(counts: list[int], *, ticks: int, as_json: bool, pods: bool = False) -> int:
     """Each N in a child process (`python -m loadtest.fleetscale`), so its memory is measured alone."""
-    import json
-    import subprocess
 
     rows = []
     for n in counts:

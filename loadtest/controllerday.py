@@ -71,11 +71,7 @@ def settings(url: str = "http://127.0.0.1:9") -> Settings:
 class SyntheticSource:
     """Diurnal-ish demand, so the forecaster has something to fit."""
 
-    def __init__(self) -> None:
-        self.i = 0
-
     async def collect(self, now: float) -> QueryResult:
-        self.i += 1
         rate = 40 + 20 * math.sin(2 * math.pi * now / 86400.0)
         return QueryResult(samples={"arrival_rate_per_s": Sample(rate, now), "in_flight": Sample(rate, now),
                                     "queue_depth": Sample(0.0, now), "service_time_s": Sample(1.0, now),
