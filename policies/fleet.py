@@ -20,7 +20,8 @@ it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed when they do).
 Reclaim cost. Taking a borrowed GPU back costs the borrower a drain (its replica stops serving, its
 in-flight requests finish: `drain_s`) and gives the lender a replica only after its start-up (`lead_time_s`).
 A claim that ends sooner than that serves nobody and costs the borrower its replica. So a nominal claim
-is served first from GPUs nobody held last tick (and from the claimant's own replicas). It takes GPUs
+is served first from GPUs nobody held last tick, in the fleet and in its namespace when that is capped
+(and from the claimant's own replicas). It takes GPUs
 that another model held last tick and still wants only once the claim has gone unserved for its reclaim
 horizon: the claimant's lead time plus the longest drain of the other models. This is the rule that
 bursts shorter than the cold start are queued or shed, not provisioned for, applied to reclaims. With both
@@ -377,11 +378,13 @@ def _model_reasons(m: ModelDemand, fill: _Fill, budgets: Budgets, levels_unmet: 
 
 @dataclass(frozen=True)
 class _Reclaim:
-    """Which nominal claims may reclaim GPUs others held last tick (`due`), and what nobody held (`room_gpus`)."""
+    """Which nominal claims may reclaim GPUs others held last tick (`due`), and what nobody held: in the fleet
+    (`room_gpus`) and in each capped namespace (`ns_room_gpus`)."""
 
     due: frozenset[str]
     room_gpus: float
     wait_s: dict[str, float]  # per claim not yet due, how long until it is
+    ns_room_gpus: dict[str, float] = field(default_factory=dict)
 
 
 def horizon_s(m: ModelDemand, models: list[ModelDemand]) -> float:
@@ -390,8 +393,13 @@ def horizon_s(m: ModelDemand, models: list[ModelDemand]) -> float:
 
 
 def _reclaim(models: list[ModelDemand], budgets: Budgets, state: FleetState, now: float) -> _Reclaim:
-    held = sum(min(state.replicas.get(m.name, 0), m.replicas_wanted) * m.gpus_per_replica for m in models)
-    room = math.inf if budgets.fleet_gpus is None else max(0.0, budgets.fleet_gpus - held)
+    def held(ms: list[ModelDemand]) -> int:
+        return sum(min(state.replicas.get(m.name, 0), m.replicas_wanted) * m.gpus_per_replica for m in ms)
+
+    room = math.inf if budgets.fleet_gpus is None else max(0.0, budgets.fleet_gpus - held(models))
+    # a namespace's cap binds as the fleet's does: GPUs its other models held last tick are not free room
+    ns_room = {ns: max(0.0, cap - held([m for m in models if m.namespace == ns]))
+               for ns, cap in budgets.namespace_gpus.items()}
     due, wait = set(), {}
     for m in models:
         left = horizon_s(m, models) - (now - state.claim_since.get(m.name, now))
@@ -399,22 +407,25 @@ def _reclaim(models: list[ModelDemand], budgets: Budgets, state: FleetState, now
             due.add(m.name)
         else:
             wait[m.name] = left
-    return _Reclaim(frozenset(due), room, wait)
+    return _Reclaim(frozenset(due), room, wait, ns_room)
 
 
 def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
                    reclaim: _Reclaim, previous: Mapping[str, int]) -> None:
     """The guaranteed level: each model up to its nominal quota, booked to its highest classes; a claim not
-    yet due only up to its own last replicas plus what nobody held last tick."""
-    room = reclaim.room_gpus
+    yet due only up to its own last replicas plus what nobody held last tick, in the fleet and in its
+    namespace."""
+    room, ns_room = reclaim.room_gpus, dict(reclaim.ns_room_gpus)
     for m in models:
         quota = m.nominal_gpus // m.gpus_per_replica
         for cls in spec.classes:
             while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
                 if fill.replicas[m.name] >= previous.get(m.name, 0):  # beyond its own: from the room, if any
-                    if m.name not in reclaim.due and room < m.gpus_per_replica:
+                    if m.name not in reclaim.due and min(room, ns_room.get(m.namespace, math.inf)) < m.gpus_per_replica:
                         break
                     room -= m.gpus_per_replica
+                    if m.namespace in ns_room:
+                        ns_room[m.namespace] -= m.gpus_per_replica
                 fill.give(m, cls)
                 remaining[m.name][cls] -= 1
                 quota -= 1

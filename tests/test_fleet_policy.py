@@ -371,6 +371,25 @@ def test_a_new_claim_takes_what_nobody_held_at_once():
     assert state.claim_since == {"model-a": 15.0}
 
 
+def test_a_new_claim_waits_for_gpus_its_namespace_held_as_for_the_fleets():
+    """The fleet cap has room (4 GPUs, 2 held last tick), but namespace team-b's cap (2) was held by model-b:
+    model-a's claim, not yet due, must not take it from model-b (a reclaim before its cost is paid). Found by
+    test_more_gpus_never_lower_anyones_allocation: with the fleet cap at 2, model-b kept its replica; at 4,
+    model-a's claim took the namespace's GPUs and model-b got none."""
+    a = ModelDemand("model-a", demand(sheddable=1), gpus_per_replica=2, namespace="team-b", nominal_gpus=4)
+    b = ModelDemand("model-b", demand(sheddable=2), gpus_per_replica=2, namespace="team-b")
+    other = ModelDemand("model-c", demand(), gpus_per_replica=2, namespace="team-a", drain_s=30.0)
+    previous = FleetState(replicas={"model-a": 0, "model-b": 1})
+    for cap in (2, 4):
+        decision, state = allocate(SPEC, [a, b, other], Budgets(fleet_gpus=cap, namespace_gpus={"team-b": 2}),
+                                   previous, 0.0)
+        assert (decision.models["model-a"].replicas, decision.models["model-b"].replicas) == (0, 1)
+        assert state.claim_since == {"model-a": 0.0}
+    # once due (its horizon: model-c's 30-s drain), the claim takes the namespace's GPUs back
+    decision, _ = allocate(SPEC, [a, b, other], Budgets(fleet_gpus=4, namespace_gpus={"team-b": 2}), state, 30.0)
+    assert (decision.models["model-a"].replicas, decision.models["model-b"].replicas) == (1, 0)
+
+
 @st.composite
 def timed(draw):
     """A fleet with start-up and drain times, the budgets, last tick's replicas, and how far past its reclaim
