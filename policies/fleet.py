@@ -77,7 +77,8 @@ not N; the model's share of the pool is what covers it, within the budget left a
 
 Invariants (tests/test_fleet_policy.py, hypothesis): never above the fleet cap or a namespace cap; a
 level's allocation does not depend on any lower level's demand; equal weights at equal demand are within
-one replica; more GPUs never lower any model's replicas when all models share one replica shape (with
+one replica; more GPUs never lower any model's replicas when all models share one replica shape and no
+nominal claim waits for its reclaim horizon (with
 mixed shapes whole replicas make that impossible together with work conservation: with 5 GPUs a 4-GPU
 replica that does not fit at its turn leaves them to a 1-GPU model, with 7 it fits and the 1-GPU model
 gets less); no GPU left idle (replicas and warm slots count as held) while a model's replica with unmet

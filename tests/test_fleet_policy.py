@@ -111,8 +111,13 @@ def test_equal_weights_at_equal_demand_get_equal_shares(n, want, shape, cap, cls
        st.dictionaries(st.sampled_from(["team-a", "team-b"]), st.integers(0, 80), max_size=2))
 def test_more_gpus_never_lower_anyones_allocation(models, cap, more, ns_caps):
     """With one replica shape (module docstring: with mixed shapes whole replicas and work conservation
-    exclude monotonicity)."""
-    previous = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models})
+    exclude monotonicity), every nominal claim due. A claim still waiting for its reclaim horizon is served
+    from the GPUs nobody held, which a larger cap enlarges: with more GPUs it takes its guaranteed quota from
+    that room at once, and a namespace mate without a quota loses the replica it was lent in the meantime (the
+    immediate allocation gives it none at either cap). That waiting only postpones is its own property
+    (test_a_reclaim_is_only_postponed_and_never_above_a_budget)."""
+    previous = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models},
+                          claim_since={m.name: -math.inf for m in models})
     small, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap, namespace_gpus=ns_caps), previous, 0.0)
     large, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap + more, namespace_gpus=ns_caps), previous, 0.0)
     for m in models:
