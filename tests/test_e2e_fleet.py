@@ -294,3 +294,13 @@ def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
     assert f"{TOP} (tier 0): within SLO critical 99.500% (100.000%); shed sheddable 25.00%" in text
     assert "replicas 4-8" in text and "[ok] no request lost" in text
     assert "fleet" not in table([doc])  # its figures are per model: the single-model table leaves it out
+
+
+def test_the_fleet_scenario_runs_priority_servers_and_its_twin_serves_the_same_order():
+    """Every model's servers run vLLM's priority scheduling and the load generator sends the class's
+    priority (a fcfs server would refuse it); the twin's simulated servers serve critical first too."""
+    config = replace(E2EConfig(), **FLEET.config)
+    assert config.server_args() == ["--scheduling-policy", "priority"]
+    assert config.loadgen_args() == ["--priority-in-body"]
+    assert config.sim_config().server_priority
+    assert E2EConfig().server_args() == ["--scheduling-policy", "fcfs"] and E2EConfig().loadgen_args() == []

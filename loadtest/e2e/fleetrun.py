@@ -37,7 +37,7 @@ def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess
     return subprocess.Popen(
         [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url",
          st.gateway_url, "--factor", str(st.config.factor), "--out", str(out / f"records-{ns}.jsonl"),
-         "--start-at", str(start_at), "--model", model.key],
+         "--start-at", str(start_at), "--model", model.key, *st.config.loadgen_args()],
         stdout=(out / f"loadgen-{ns}.log").open("w"), stderr=subprocess.STDOUT)
 
 
