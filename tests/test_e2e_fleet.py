@@ -230,10 +230,12 @@ def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_
                                 "ready": STARTED + 10, "gone": STARTED + 60},
         ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "placed": STARTED + 9,
                                 "ready": None, "gone": STARTED + 60},  # never Ready: no warm slot to take
-        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1},  # before the slot
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51},
-        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59},  # preempted it
-        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61},
+        # before the slot
+        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1, "created": STARTED + 0},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51, "created": STARTED + 50},
+        # preempted it
+        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59, "created": STARTED + 58},
+        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61, "created": STARTED + 60},
     }
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
                "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
@@ -249,7 +251,7 @@ def test_a_placeholder_withdrawn_and_refilled_on_its_node_was_not_taken_by_the_m
                                 "ready": STARTED + 10, "gone": STARTED + 55},
         ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 63,
                                 "ready": STARTED + 64, "gone": STARTED + 65},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 65},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 65, "created": STARTED + 64},
     }
     taken = pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-1", 650.0)]
@@ -304,3 +306,17 @@ def test_the_fleet_scenario_runs_priority_servers_and_its_twin_serves_the_same_o
     assert config.loadgen_args() == ["--priority-in-body"]
     assert config.sim_config().server_priority
     assert E2EConfig().server_args() == ["--scheduling-policy", "fcfs"] and E2EConfig().loadgen_args() == []
+
+
+def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replica_that_came_later():
+    """Run 20: the pool shrank and a placeholder went at 597 s; its node sat free, and a replica created at
+    649 s landed there. That replica found free room: no slot was handed to it."""
+    lifetimes = {
+        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 49,
+                                "ready": STARTED + 51, "gone": STARTED + 59.7},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 64.9, "created": STARTED + 64.9},
+    }
+    assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
+    lifetimes[("model", "b")]["created"] = STARTED + 60  # created as the slot went (the same tick)
+    assert [p["placeholder"] for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
+            ] == ["p-0"]

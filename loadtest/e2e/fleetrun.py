@@ -30,6 +30,7 @@ from loadtest.e2e.fleetstack import POOL_NAMESPACE, FleetStack, fleet_stack
 from loadtest.loadgen import write_requests
 
 SAMPLE_EVERY_S = 0.5  # wall clock
+CREATED_RESOLUTION_S = 1.0  # wall clock: a creationTimestamp is whole seconds
 
 
 def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
@@ -75,21 +76,22 @@ def preemptions(events: list[dict], lifetimes: dict, models, *, started: float, 
 
 
 def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
-    """Pooled placeholders whose node a model's replica took once they were gone (the scheduler preempts one
-    for a pending replica): per placeholder, the next pod placed on its node, if that is a model's replica. A
-    placeholder withdrawn as the pool shrank leaves its node to whoever comes next; when that is a refill
-    placeholder, the slot was not handed to a model (run 19 counted such a node's later model pod as a taker)."""
+    """Pooled placeholders whose node a model's replica took as they went (the pool shrinks in the tick a model
+    grows into it, or the scheduler preempts one for a pending replica): per placeholder, the next pod placed on
+    its node, if that is a model's replica created by the time the placeholder went. A node the placeholder
+    left to a refill placeholder (run 19), or that sat free until a later replica came (run 20: 52 s), was
+    not handed to a model: that replica found free room."""
     by_namespace = {m.namespace: m.key for m in models}
-    pods = sorted((life["placed"], kind, life.get("namespace"), life["node"], uid)
+    pods = sorted((life["placed"], kind, life.get("namespace"), life["node"], uid, life.get("created"))
                   for (kind, uid), life in lifetimes.items() if kind in ("model", "placeholder") and life.get("node"))
     out = []
     for (kind, uid), slot in lifetimes.items():
         if kind != "placeholder" or not slot.get("node") or slot["gone"] is None or slot["ready"] is None:
             continue
         # the pod may be placed a moment before the sampler saw the placeholder go (a preemption)
-        taker = next(((at, k, ns) for at, k, ns, node, other in pods
+        taker = next(((at, k, ns, created) for at, k, ns, node, other, created in pods
                       if node == slot["node"] and at >= slot["ready"] and other != uid), None)
-        if taker is not None and taker[1] == "model":
+        if taker is not None and taker[1] == "model" and taker[3] <= slot["gone"] + CREATED_RESOLUTION_S:
             out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[2]),
                         "placeholder": slot["name"]})
     return sorted(out, key=lambda p: p["t_s"])
