@@ -2,7 +2,7 @@
 
     python -m loadtest.fleet --kubeconfig FILE --namespace NS --selector app=model --port 8000 \
         [--concurrency 16] [--time-scale 0.1] [--targets-file F.json] [--upstreams-file F.conf] \
-        [--nginx-pid-file F.pid] [--events-file F.jsonl]
+        [--nginx-pid-file F.pid] [--events-file F.jsonl] [--scheduling-policy {fcfs,priority}]
 
 kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.X.0.0/16`), so a
 server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
@@ -36,7 +36,7 @@ from pathlib import Path
 from kubernetes_asyncio import client, config
 
 from autoscaler.kube.pods import pod_facts
-from loadtest.fakeserver import FakeModelServer, RunningServer
+from loadtest.fakeserver import SCHEDULING_POLICIES, FakeModelServer, RunningServer
 
 # The upstream list may not be empty: a server that refuses connections stands in while no pod is Ready.
 NO_SERVER = "server 127.0.0.1:9 max_fails=0;  # no Ready pod\n"
@@ -112,10 +112,10 @@ class Fleet:
                  time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
                  nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2,
                  drain_delay_s: float = 0.5, service_port: int | None = None,
-                 target_labels: dict[str, str] | None = None) -> None:
+                 target_labels: dict[str, str] | None = None, scheduling_policy: str = "fcfs") -> None:
         self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
         self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
-        self.drain_delay_s = drain_delay_s
+        self.drain_delay_s, self.scheduling_policy = drain_delay_s, scheduling_policy
         self.targets_file, self.upstreams_file, self.nginx_pid_file = targets_file, upstreams_file, nginx_pid_file
         self.events = events_file.open("a") if events_file else None
         self.servers: dict[str, RunningServer] = {}  # pod name -> its server
@@ -145,8 +145,8 @@ class Fleet:
                 changed = True
         for name, view in views.items():
             if view.serving and name not in self.servers:
-                server = RunningServer(FakeModelServer(concurrency=self.concurrency, time_scale=self.time_scale),
-                                       view.ip, self.port)
+                server = RunningServer(FakeModelServer(concurrency=self.concurrency, time_scale=self.time_scale,
+                                                       scheduling_policy=self.scheduling_policy), view.ip, self.port)
                 try:
                     await server.start()
                 except OSError as exc:  # the address is still held by a server draining on it: next round
@@ -224,6 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--events-file", type=Path, default=None)
     p.add_argument("--service-port", type=int, default=None,
                    help="while no pod is Ready, a stand-in for the model's Service on this port (default: none)")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="each server's queue order, as vLLM's --scheduling-policy (default: fcfs)")
     p.add_argument("--target-label", action="append", default=[], metavar="KEY=VALUE",
                    help="a label of every Prometheus target besides namespace (repeatable; default: none)")
     args = p.parse_args(argv)
@@ -242,7 +244,8 @@ async def _main(args: argparse.Namespace) -> None:
                       concurrency=args.concurrency, time_scale=args.time_scale, targets_file=args.targets_file,
                       upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
                       events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s,
-                      service_port=args.service_port, target_labels=args.target_labels)
+                      service_port=args.service_port, target_labels=args.target_labels,
+                      scheduling_policy=args.scheduling_policy)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

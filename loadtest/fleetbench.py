@@ -205,7 +205,10 @@ def _reset(models: list[Model], policy: str, starts: dict[str, int]) -> None:
     for m in models:
         k = m.config.server.concurrency
         if isinstance(m.workload, RequestWorkload):
-            m.sim = RequestSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s)
+            m.sim = RequestSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s,
+                               server_priority=m.config.server_priority)
+        elif m.config.server_priority:
+            raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
         else:
             m.sim = RateSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s,
                             seed=m.config.arrival_seed)

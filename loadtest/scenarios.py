@@ -31,7 +31,9 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   demand (`FleetModel`), on one NodePool whose GPU limit the fleet's budget equals: `batch` (tier 2) bursts
   to 4x at minutes 10-12 and borrows the GPUs the others free; `chat` (tier 0) doubles at minutes 19-22 while
   the limit binds, so the fleet reclaims GPUs from `batch` (its replicas drained) and chat's critical class holds;
-  `code` (tier 1) is steady. 40 min. Its twin is the fleet benchmark's simulator on the same requests.
+  `code` (tier 1) is steady. 40 min. Every model's servers serve critical first (vLLM's `--scheduling-policy
+  priority`, the load generator sending each class's `priority`). Its twin is the fleet benchmark's simulator
+  on the same requests, its servers serving the same order.
 - `fleet-smoke`: the fleet harness on its own: two models (tiers 0 and 1), steady for 10 min, under a
   limit they never reach: both served through the one gateway, nothing lost, within the budget.
 - `fleet-3h` (a demand profile only, not a closed-loop scenario): the bundled recording's demand
@@ -155,10 +157,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("scale-to-zero-keda", ZERO_PROFILE, checks.scale_to_zero_keda, windows=ZERO_WINDOWS,
              config=MappingProxyType({**ZERO_CONFIG, "mode": "keda"})),
     # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
-    # start; chat doubles (minutes 19-22) while the limit binds
+    # start; chat doubles (minutes 19-22) while the limit binds. Every model's servers run vLLM's priority
+    # scheduling (critical first in the queue), as a fleet with tiers and classes would: a critical request
+    # that arrives at the end of chat's ramp waits for a slot, not behind the standard requests before it.
     Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,
              windows=MappingProxyType({"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}),
-             config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0}})),
+             config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0},
+                                      "server_priority": True})),
     Scenario("fleet-smoke", SMOKE_MODELS[0].profile, checks.fleet_smoke, models=SMOKE_MODELS,
              config=MappingProxyType({"gpu_limit": 16})),
 )}

@@ -9,7 +9,7 @@ import pytest
 from loadtest.e2e.checks import CheckContext
 from loadtest.e2e import fleettwin
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.fleetrun import first_scale_up, pooled_taken, preemptions
+from loadtest.e2e.fleetrun import first_needing_pool, pooled_taken, preemptions
 from loadtest import fleetbench
 from loadtest.scenarios import SCENARIOS
 
@@ -41,7 +41,7 @@ def _good():
         "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
         "drained_s": {TOP: [], MID: [600.0, 610.0], LOW: [1400.0, 1420.0]},
         "pooled_taken": [{"t_s": 500.0, "model": LOW, "placeholder": "p-0"}],
-        "first_scale_up_after_pool_ready": {"model": LOW, "t_s": 480.0},
+        "first_needing_pool": {"model": LOW, "t_s": 480.0},
         "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
     }
     timeline = [_row(1, 7, 5, 2), _row(12, 4, 3, 6), _row(16, 4, 3, 7), _row(23, 6, 3, 5), _row(30, 6, 3, 4),
@@ -130,7 +130,7 @@ def test_decisions_above_the_limit_fail():
                                               {"model": LOW, "t_s": 480.0})])
 def test_a_placeholder_never_taken_or_taken_by_another_model_fails(preempted, first):
     def other(doc, _, __):
-        doc["pooled_taken"], doc["first_scale_up_after_pool_ready"] = preempted, first
+        doc["pooled_taken"], doc["first_needing_pool"] = preempted, first
     assert _breaks("pooled", other) == {"pooled"}
 
 
@@ -163,15 +163,47 @@ def test_preemptions_name_the_preemptor_model_from_the_event_in_time_order():
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in out] == [(LOW, "p-0", 500.0), (TOP, "p-1", 900.0)]
 
 
-def test_the_first_model_to_scale_once_a_slot_is_ready_is_the_earliest_replica_created_after_it():
-    lifetimes = {("model", "a"): {"namespace": "chat", "created": STARTED + 10},
-                 ("model", "b"): {"namespace": "batch", "created": STARTED + 50},
-                 ("model", "c"): {"namespace": "code", "created": STARTED + 60},
-                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20}}
-    first = first_scale_up(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
+def _full_node(name, *, gpus=1):
+    return {("node", name): {"name": name, "gpus": gpus, "created": STARTED, "gone": None},
+            ("model", f"on-{name}"): {"namespace": "code", "node": name, "placed": STARTED, "created": STARTED,
+                                      "gone": None, "gpus": gpus}}
+
+
+def _replica(ns, *, created, node=None, placed=None):
+    return {"namespace": ns, "created": STARTED + created, "gone": None, "gpus": 1, "node": node,
+            "placed": None if placed is None else STARTED + placed}
+
+
+def test_the_first_model_to_need_a_slot_is_the_earliest_replica_created_after_it_with_no_free_room():
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
+                 ("model", "a"): _replica("chat", created=10, node="n-2", placed=11),
+                 ("model", "b"): _replica("batch", created=50, node="n-3", placed=51),
+                 ("model", "c"): _replica("code", created=60, node="n-3", placed=61),
+                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": None,
+                                        "node": "n-3", "placed": STARTED + 21, "gpus": 1}}
+    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
     assert first == {"model": LOW, "t_s": 500.0}
-    assert first_scale_up(lifetimes, FLEET.models, pool_ready=None, started=STARTED, factor=10.0) == {}
-    assert first_scale_up(lifetimes, FLEET.models, pool_ready=STARTED + 99, started=STARTED, factor=10.0) == {}
+    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=None, started=STARTED, factor=10.0) == {}
+    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 99, started=STARTED, factor=10.0) == {}
+
+
+def test_a_replica_that_lands_on_a_free_node_did_not_need_the_pool():
+    """Run 19: chat scaled first once the pool was Ready, onto the node its own drain had freed; its replica
+    took no placeholder. The first model to NEED a slot is the next one created with no free room left."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
+                 ("node", "free"): {"name": "free", "gpus": 1, "created": STARTED, "gone": None},
+                 ("node", "pooled"): {"name": "pooled", "gpus": 1, "created": STARTED, "gone": None},
+                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": STARTED + 70,
+                                        "node": "pooled", "placed": STARTED + 21, "gpus": 1},
+                 ("model", "chat-1"): _replica("chat", created=55, node="free", placed=56),
+                 ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
+    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
+    assert first == {"model": LOW, "t_s": 650.0}
+    # two replicas created at once onto one free node: the second needs the pool
+    lifetimes[("model", "chat-2")] = _replica("chat", created=56.5)
+    lifetimes[("model", "chat-1")] = _replica("chat", created=55)
+    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
+    assert first == {"model": TOP, "t_s": 565.0}
 
 
 def test_the_smoke_run_fails_when_a_model_is_never_served():
@@ -192,21 +224,37 @@ def test_the_smoke_run_fails_when_a_model_is_never_served():
 
 def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_on_its_node():
     lifetimes = {
-        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "ready": STARTED + 10,
-                                "gone": STARTED + 50},
-        ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-2", "ready": STARTED + 10,
-                                "gone": STARTED + 60},
-        ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "ready": None,
-                                "gone": STARTED + 60},  # never Ready: no warm slot to take
-        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1},  # before the slot
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51},
-        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59},  # preempted it
-        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61},
+        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 9,
+                                "ready": STARTED + 10, "gone": STARTED + 50},
+        ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-2", "placed": STARTED + 9,
+                                "ready": STARTED + 10, "gone": STARTED + 60},
+        ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "placed": STARTED + 9,
+                                "ready": None, "gone": STARTED + 60},  # never Ready: no warm slot to take
+        # before the slot
+        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1, "created": STARTED + 0},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51, "created": STARTED + 50},
+        # preempted it
+        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59, "created": STARTED + 58},
+        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61, "created": STARTED + 60},
     }
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
                "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
     taken = pooled_taken(events, lifetimes, FLEET.models, started=STARTED, factor=10.0)
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-0", 510.0), (TOP, "p-1", 580.0)]
+
+
+def test_a_placeholder_withdrawn_and_refilled_on_its_node_was_not_taken_by_the_model_that_came_later():
+    """Run 19: the pool shrank and a placeholder went; a refill placeholder took its node, and a model's
+    replica came onto that node only when it preempted the refill. Only the refill was taken."""
+    lifetimes = {
+        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 9,
+                                "ready": STARTED + 10, "gone": STARTED + 55},
+        ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 63,
+                                "ready": STARTED + 64, "gone": STARTED + 65},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 65, "created": STARTED + 64},
+    }
+    taken = pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
+    assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-1", 650.0)]
 
 
 def test_three_tiers_start_within_the_limit_where_the_twin_starts_them():
@@ -248,3 +296,27 @@ def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
     assert f"{TOP} (tier 0): within SLO critical 99.500% (100.000%); shed sheddable 25.00%" in text
     assert "replicas 4-8" in text and "[ok] no request lost" in text
     assert "fleet" not in table([doc])  # its figures are per model: the single-model table leaves it out
+
+
+def test_the_fleet_scenario_runs_priority_servers_and_its_twin_serves_the_same_order():
+    """Every model's servers run vLLM's priority scheduling and the load generator sends the class's
+    priority (a fcfs server would refuse it); the twin's simulated servers serve critical first too."""
+    config = replace(E2EConfig(), **FLEET.config)
+    assert config.server_args() == ["--scheduling-policy", "priority"]
+    assert config.loadgen_args() == ["--priority-in-body"]
+    assert config.sim_config().server_priority
+    assert E2EConfig().server_args() == ["--scheduling-policy", "fcfs"] and E2EConfig().loadgen_args() == []
+
+
+def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replica_that_came_later():
+    """Run 20: the pool shrank and a placeholder went at 597 s; its node sat free, and a replica created at
+    649 s landed there. That replica found free room: no slot was handed to it."""
+    lifetimes = {
+        ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 49,
+                                "ready": STARTED + 51, "gone": STARTED + 59.7},
+        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 64.9, "created": STARTED + 64.9},
+    }
+    assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
+    lifetimes[("model", "b")]["created"] = STARTED + 60  # created as the slot went (the same tick)
+    assert [p["placeholder"] for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
+            ] == ["p-0"]

@@ -3,11 +3,15 @@ on two copies of the bundled trace cut to a quarter of an hour."""
 
 import json
 
+import numpy as np
 import pytest
 
 from autoscaler.errors import ConfigError
+from autoscaler.sim.run import SimConfig
+from autoscaler.sim.workload import RequestWorkload, ServerModel
 from loadtest import bench, fleetbench
 from loadtest.bench import BUNDLED_TRACE
+from policies import PolicySpec
 
 TRACE = str(BUNDLED_TRACE.parent)
 FLEET = f"{TRACE}:0,{TRACE}:1"
@@ -116,3 +120,23 @@ def test_an_inversion_is_a_lower_tier_beyond_its_share_while_a_higher_critical_m
     assert fleetbench.inversions([top, low], {}) == 0
     same_tier = model("peer", 0, [9, 9, 9, 9], [False] * 4)
     assert fleetbench.inversions([top, same_tier], {"top": 5, "peer": 5}) == 0
+
+
+def _one_slot_model(*, server_priority: bool) -> fleetbench.Model:
+    """One replica of one slot: a standard request holds it 3 s; another standard one (at 0.5 s) and a
+    critical one (at 1 s) queue behind it. The SLO is 2.5 s."""
+    workload = RequestWorkload(name="q", scale=1.0, arrival_s=np.array([0.0, 0.5, 1.0]),
+                               service_s=np.array([3.0, 1.0, 1.0]), output_tokens=np.ones(3),
+                               priority=np.array([1, 1, 0], dtype=np.int8), uniform=np.ones(3), span_s=60.0)
+    config = SimConfig(tick_s=15.0, slo_s=2.5, server=ServerModel(concurrency=1), server_priority=server_priority)
+    spec = PolicySpec(min_replicas=1, max_replicas=1, replica_concurrency=1)
+    return fleetbench.Model("q", 0, 1.0, workload, config, np.ones(4), spec)
+
+
+@pytest.mark.parametrize("server_priority, critical", [(True, 1.0), (False, 0.0)])
+def test_the_fleet_simulator_serves_the_queue_critical_first_with_server_priority(server_priority, critical):
+    """As the single-model simulator (vLLM's --scheduling-policy priority): the critical request takes the
+    slot first (waits 2 s) instead of after the standard one queued before it (3 s, past the SLO)."""
+    out = fleetbench.simulate("fleet", [_one_slot_model(server_priority=server_priority)], limit=1, n=4,
+                              starts={"q": 1})
+    assert out["models"]["q"]["slo_attainment"]["critical"] == critical

@@ -361,13 +361,13 @@ def _within_budget(context: CheckContext) -> dict:
 
 def _pooled_first(context: CheckContext) -> dict:
     taken = context.doc.get("pooled_taken", [])
-    first = context.doc.get("first_scale_up_after_pool_ready", {})
+    first = context.doc.get("first_needing_pool", {})
     taker = taken[0]["model"] if taken else None
     return _check("a pooled placeholder goes to the model that needed it first",
                   taker is not None and taker == first.get("model"),
                   f"{len(taken)} pooled placeholders taken by a model's replica, the first by {taker} at "
-                  f"{taken[0]['t_s'] if taken else None} s; the first model to scale once a slot was "
-                  f"Ready: {first.get('model')} at {first.get('t_s')} s")
+                  f"{taken[0]['t_s'] if taken else None} s; the first model whose replica, once a slot was Ready, "
+                  f"found no free GPU outside the pool: {first.get('model')} at {first.get('t_s')} s")
 
 
 def _fleet_twin(context: CheckContext) -> list[dict]:

@@ -46,6 +46,10 @@ class E2EConfig:
     # pool (placeholders pooled for it by the fleet), which scale to zero leaves in place.
     max_hold_s: float | None = None
     pooled_warm_slots: int = 0
+    # The model servers serve their queue by class, critical first (vLLM's `--scheduling-policy priority`), and
+    # the load generator sends each request's class as vLLM's `priority` (what the gateway would write into the
+    # body, docs/priority-scheduling.md); the twin's servers do the same. False: first come first served.
+    server_priority: bool = False
     # "actuate": the controller scales the Deployment; "keda": it publishes over gRPC and KEDA's operator and
     # HPA scale it (`loadtest.e2e.kedamode`)
     mode: str = "actuate"
@@ -90,7 +94,16 @@ class E2EConfig:
             hold_s = self.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
         held = hold_s is not None
         return SimConfig(tick_s=self.tick_s, slo_s=self.slo_s, cluster=cluster, server=self.server, max_hold_s=hold_s,
-                         service_by_completion=held, ready_seen_every_s=HELD_TICK_S * self.factor if held else None)
+                         service_by_completion=held, ready_seen_every_s=HELD_TICK_S * self.factor if held else None,
+                         server_priority=self.server_priority)
+
+    def server_args(self) -> list[str]:
+        """The fake servers' scheduling policy, as `loadtest.fleet`'s arguments."""
+        return ["--scheduling-policy", "priority" if self.server_priority else "fcfs"]
+
+    def loadgen_args(self) -> list[str]:
+        """The load generator's arguments for the servers' policy: a `fcfs` server refuses a priority."""
+        return ["--priority-in-body"] if self.server_priority else []
 
 
 def compress(spec: PolicySpec, factor: float) -> dict:

@@ -5,7 +5,9 @@ gateway, per-model and fleet figures, the simulated twin (`loadtest.e2e.fleettwi
 result.json: `models` (per model: tier, requests, `slo_attainment` and `shed_fraction` by class, lost
 requests, `gpu_hours` of its pods, the replicas seen, its twin's figures), `fleet` (requests, lost, GPU-hours
 of the nodes and by use, the most GPUs held, the twin's GPU-hours), `drained_s` (when each model's replicas
-drained), `pooled_taken` (which model's replica took a pooled placeholder, when), `sim_gap` and the checks.
+drained), `pooled_taken` (which model's replica took a pooled placeholder, when), `first_needing_pool` (the
+first model whose replica, once a pooled slot was Ready, found no free GPU outside the pool), `sim_gap` and the
+checks. lifetimes.jsonl: every pod's, node's and claim's lifetime (wall clock).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from loadtest.e2e.fleetstack import POOL_NAMESPACE, FleetStack, fleet_stack
 from loadtest.loadgen import write_requests
 
 SAMPLE_EVERY_S = 0.5  # wall clock
+CREATED_RESOLUTION_S = 1.0  # wall clock: a creationTimestamp is whole seconds
 
 
 def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
@@ -35,7 +38,7 @@ def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess
     return subprocess.Popen(
         [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url",
          st.gateway_url, "--factor", str(st.config.factor), "--out", str(out / f"records-{ns}.jsonl"),
-         "--start-at", str(start_at), "--model", model.key],
+         "--start-at", str(start_at), "--model", model.key, *st.config.loadgen_args()],
         stdout=(out / f"loadgen-{ns}.log").open("w"), stderr=subprocess.STDOUT)
 
 
@@ -73,20 +76,23 @@ def preemptions(events: list[dict], lifetimes: dict, models, *, started: float, 
 
 
 def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
-    """Pooled placeholders whose node a model's replica took once they were gone (the fleet controller
-    releases a slot as a model scales into it; the scheduler preempts one for a pending replica): per
-    placeholder, the first model pod placed on its node after it went, in order of that placement."""
+    """Pooled placeholders whose node a model's replica took as they went (the pool shrinks in the tick a model
+    grows into it, or the scheduler preempts one for a pending replica): per placeholder, the next pod placed on
+    its node, if that is a model's replica created by the time the placeholder went. A node the placeholder
+    left to a refill placeholder (run 19), or that sat free until a later replica came (run 20: 52 s), was
+    not handed to a model: that replica found free room."""
     by_namespace = {m.namespace: m.key for m in models}
-    pods = sorted((life["placed"], life["namespace"], life["node"]) for (kind, _), life in lifetimes.items()
-                  if kind == "model" and life.get("node"))
+    pods = sorted((life["placed"], kind, life.get("namespace"), life["node"], uid, life.get("created"))
+                  for (kind, uid), life in lifetimes.items() if kind in ("model", "placeholder") and life.get("node"))
     out = []
-    for (kind, _), slot in lifetimes.items():
+    for (kind, uid), slot in lifetimes.items():
         if kind != "placeholder" or not slot.get("node") or slot["gone"] is None or slot["ready"] is None:
             continue
         # the pod may be placed a moment before the sampler saw the placeholder go (a preemption)
-        taker = next(((at, ns) for at, ns, node in pods if node == slot["node"] and at >= slot["ready"]), None)
-        if taker is not None:
-            out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[1]),
+        taker = next(((at, k, ns, created) for at, k, ns, node, other, created in pods
+                      if node == slot["node"] and at >= slot["ready"] and other != uid), None)
+        if taker is not None and taker[1] == "model" and taker[3] <= slot["gone"] + CREATED_RESOLUTION_S:
+            out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[2]),
                         "placeholder": slot["name"]})
     return sorted(out, key=lambda p: p["t_s"])
 
@@ -100,12 +106,31 @@ def pooled_taken(events: list[dict], lifetimes: dict, models, *, started: float,
     return sorted(taken, key=lambda p: (p["t_s"] is None, p["t_s"] or 0.0))
 
 
-def first_scale_up(lifetimes: dict, models, *, pool_ready: float | None, started: float, factor: float) -> dict:
-    """The model whose replica was created first once a pooled slot was Ready (the one that needed it first)."""
+def _free_gpus(lifetimes: dict, at: float) -> int:
+    """GPUs of the nodes up at `at` that no pod (a model's replica or a placeholder) holds, less those the model
+    replicas created before `at` and not yet placed will take (the scheduler gives a pending pod free room
+    before it preempts a placeholder)."""
+    def alive(life: dict, since: str) -> bool:
+        return life.get(since) is not None and life[since] <= at and (life["gone"] is None or life["gone"] > at)
+    nodes = {life["name"]: life["gpus"] for (kind, _), life in lifetimes.items()
+             if kind == "node" and alive(life, "created")}
+    held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
+               if kind in ("model", "placeholder") and life.get("node") in nodes and alive(life, "placed"))
+    waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
+                  if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
+                  and (life.get("placed") is None or life["placed"] > at))
+    return sum(nodes.values()) - held - waiting
+
+
+def first_needing_pool(lifetimes: dict, models, *, pool_ready: float | None, started: float, factor: float) -> dict:
+    """The model that needed a pooled slot first: its replica was created once a slot was Ready and found no
+    free GPU outside the pool. A replica that finds free room lands there and takes no placeholder (run 19:
+    chat's first replica after the pool was Ready went to the node its own drain had just freed)."""
     if pool_ready is None:
         return {}
     created = sorted((life["created"], life["namespace"]) for (kind, _), life in lifetimes.items()
-                     if kind == "model" and life["created"] > pool_ready)
+                     if kind == "model" and life["created"] > pool_ready
+                     and _free_gpus(lifetimes, life["created"]) < life["gpus"])
     if not created:
         return {}
     at, ns = created[0]
@@ -191,8 +216,8 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                   "simulated": {"gpu_hours": twin["gpu_hours"], "peak_gpus": twin["peak_gpus"],
                                 "priority_inversions": twin["priority_inversions"], "node_timings": timing}},
         "pooled_taken": pooled_taken(events, lifetimes, models, started=start_at, factor=factor),
-        "first_scale_up_after_pool_ready": first_scale_up(lifetimes, models, pool_ready=pool_ready,
-                                                          started=start_at, factor=factor),
+        "first_needing_pool": first_needing_pool(lifetimes, models, pool_ready=pool_ready, started=start_at,
+                                                 factor=factor),
         # when each model's replicas drained (scenario seconds), within the run: not the tear-down's
         "drained_s": {k: [round((e["t"] - start_at) * factor, 1) for e in v if e.get("event") == "drained"
                           and start_at <= e["t"] <= end] for k, v in fleet_events.items()},
@@ -205,5 +230,8 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     doc["checks"] = scenario.check(context)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
+    # every pod's, node's and claim's lifetime (wall clock), so the pooled attribution can be traced afterwards
+    (out / "lifetimes.jsonl").write_text("".join(json.dumps({"kind": kind, "uid": uid, **life}) + "\n"
+                                                 for (kind, uid), life in lifetimes.items()))
     (out / "result.json").write_text(json.dumps(doc, indent=2))
     return doc

@@ -209,7 +209,8 @@ def _model_servers(config: E2EConfig, model: FleetModel, work: Path, *, kubeconf
          "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
          "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
          "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
-         "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}"],
+         "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
+         *config.server_args()],
         stdout=(work / f"fleet-{ns}.log").open("w"), stderr=subprocess.STDOUT)
 
 

@@ -74,7 +74,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
         loadgen = subprocess.Popen(
             [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / "requests.jsonl"), "--url",
              st.gateway_url, "--factor", str(factor), "--out", str(out / "records.jsonl"), "--start-at",
-             str(start_at)], stdout=(out / "loadgen.log").open("w"), stderr=subprocess.STDOUT)
+             str(start_at), *config.loadgen_args()], stdout=(out / "loadgen.log").open("w"), stderr=subprocess.STDOUT)
         pending = list(actions)
         try:
             while loadgen.poll() is None:

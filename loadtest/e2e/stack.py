@@ -338,7 +338,7 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
              "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
              "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file",
              str(targets), "--upstreams-file", str(upstreams), "--nginx-pid-file", str(nginx_pid),
-             "--events-file", str(work / "fleet.jsonl"), "--service-port", str(free_port())],
+             "--events-file", str(work / "fleet.jsonl"), "--service-port", str(free_port()), *config.server_args()],
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
         st = Stack(config, cp, karp, ctrls, url, prom, work, keda=keda)
