@@ -13,18 +13,19 @@ that sums exactly to what the model's own decision asked for.
 Levels. A level is (tier, class); tier 0 is the highest. Levels are served strictly in order, by default
 tier-major (tier 0 critical, tier 0 standard, tier 0 sheddable, tier 1 critical, ...), configurable as an
 explicit list (`FleetSpec.levels`, e.g. class-major: every tier's critical before any standard). Before
-the levels, each model's `nominal_gpus` (a Kueue-style guaranteed quota, 0 by default) is served: the
-stretch towards cohort semantics (nominal guaranteed, the rest borrowed while nobody with a claim needs
+the levels, each model's `nominal_gpus` (a Kueue-style guaranteed quota, 0 by default) is served, quotas
+that together exceed a cap in level order and by weighted fair share within a level (never by list order):
+the stretch towards cohort semantics (nominal guaranteed, the rest borrowed while nobody with a claim needs
 it, up to `borrowing_limit_gpus` beyond the nominal, reclaimed when they do).
 
 Reclaim cost. Taking a borrowed GPU back costs the borrower a drain (its replica stops serving, its
 in-flight requests finish: `drain_s`) and gives the lender a replica only after its start-up (`lead_time_s`).
 A claim that ends sooner than that serves nobody and costs the borrower its replica. So a nominal claim
 is served first from GPUs nobody held last tick, in the fleet and in its namespace when that is capped
-(and from the claimant's own replicas). It takes GPUs
-that another model held last tick and still wants only once the claim has gone unserved for its reclaim
-horizon: the claimant's lead time plus the longest drain of the other models. This is the rule that
-bursts shorter than the cold start are queued or shed, not provisioned for, applied to reclaims. With both
+(and from the claimant's own replicas). It takes GPUs that another model held last tick and still wants
+only once the claim has gone unserved for its reclaim horizon: the claimant's lead time plus the longest
+drain of the other models. This is the rule that bursts shorter than the cold start are queued or shed, not
+provisioned for, applied to reclaims. With both
 at 0 (the defaults) a reclaim is immediate. Once due, the allocation is the immediate one (a hypothesis
 property): the delay only postpones. Priority between levels is never delayed: a higher level's claim
 takes a lower level's GPUs at once.
@@ -91,7 +92,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from policies.spec import PRIORITY_CLASSES
 from policies.types import Decision
@@ -277,8 +278,11 @@ class _Fill:
         self.by_class[m.name][cls] = self.by_class[m.name].get(cls, 0) + 1
 
 
-def _fill_level(fill: _Fill, claims: list[tuple[ModelDemand, int, str]], previous: Mapping[str, int]) -> None:
-    """Weighted max-min of whole replicas among `claims` (model, replicas wanted, class to book them to)."""
+def _fill_level(fill: _Fill, claims: list[tuple[ModelDemand, int, str]], previous: Mapping[str, int],
+                admit: Callable[[ModelDemand], bool] | None = None) -> None:
+    """Weighted max-min of whole replicas among `claims` (model, replicas wanted, class to book them to);
+    `admit`, when given, may refuse a model's next replica that fits (it is then passed over, as when it
+    does not fit)."""
     level_gpus = {m.name: 0.0 for m, _, _ in claims}
     wanted = {m.name: n for m, n, _ in claims}
     heap: list[tuple[float, str, int, ModelDemand, str]] = []
@@ -294,7 +298,7 @@ def _fill_level(fill: _Fill, claims: list[tuple[ModelDemand, int, str]], previou
             push(m, cls)
     while heap:
         _, _, _, m, cls = heapq.heappop(heap)
-        if not fill.fits(m):
+        if not fill.fits(m) or (admit is not None and not admit(m)):
             continue  # passed over: smaller replicas may still use what is left
         fill.give(m, cls)
         level_gpus[m.name] += m.gpus_per_replica
@@ -413,23 +417,32 @@ def _reclaim(models: list[ModelDemand], budgets: Budgets, state: FleetState, now
 
 def _serve_nominal(spec: FleetSpec, models: list[ModelDemand], fill: _Fill, remaining: dict[str, dict[str, int]],
                    reclaim: _Reclaim, previous: Mapping[str, int]) -> None:
-    """The guaranteed level: each model up to its nominal quota, booked to its highest classes; a claim not
-    yet due only up to its own last replicas plus what nobody held last tick, in the fleet and in its
-    namespace."""
+    """The guaranteed level: each model up to its nominal quota, booked to its highest classes. Quotas that
+    together exceed a cap are served as the levels are (level order, weighted fair share within a level), not
+    in the models' list order. A claim not yet due gets only its own last replicas plus what nobody held last
+    tick, in the fleet and in its namespace."""
     room, ns_room = reclaim.room_gpus, dict(reclaim.ns_room_gpus)
-    for m in models:
-        quota = m.nominal_gpus // m.gpus_per_replica
-        for cls in spec.classes:
-            while quota > 0 and remaining[m.name].get(cls, 0) > 0 and fill.fits(m):
-                if fill.replicas[m.name] >= previous.get(m.name, 0):  # beyond its own: from the room, if any
-                    if m.name not in reclaim.due and min(room, ns_room.get(m.namespace, math.inf)) < m.gpus_per_replica:
-                        break
-                    room -= m.gpus_per_replica
-                    if m.namespace in ns_room:
-                        ns_room[m.namespace] -= m.gpus_per_replica
-                fill.give(m, cls)
-                remaining[m.name][cls] -= 1
-                quota -= 1
+    quota = {m.name: m.nominal_gpus // m.gpus_per_replica for m in models}
+
+    def admit(m: ModelDemand) -> bool:
+        nonlocal room
+        if fill.replicas[m.name] < previous.get(m.name, 0) or m.name in reclaim.due:
+            return True
+        if min(room, ns_room.get(m.namespace, math.inf)) < m.gpus_per_replica:
+            return False  # beyond its own replicas: only from the room
+        room -= m.gpus_per_replica
+        if m.namespace in ns_room:
+            ns_room[m.namespace] -= m.gpus_per_replica
+        return True
+
+    for tier, cls in level_order(spec, models):
+        claims = [(m, min(quota[m.name], remaining[m.name].get(cls, 0)), cls) for m in models if m.tier == tier]
+        before = {m.name: fill.replicas[m.name] for m, _, _ in claims}
+        _fill_level(fill, claims, previous, admit)
+        for m, _, _ in claims:
+            given = fill.replicas[m.name] - before[m.name]
+            remaining[m.name][cls] -= given
+            quota[m.name] -= given
 
 
 def _claims_unserved(models: list[ModelDemand], fill: _Fill, state: FleetState, now: float) -> dict[str, float]:

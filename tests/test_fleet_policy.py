@@ -112,16 +112,59 @@ def test_equal_weights_at_equal_demand_get_equal_shares(n, want, shape, cap, cls
 def test_more_gpus_never_lower_anyones_allocation(models, cap, more, ns_caps):
     """With one replica shape (module docstring: with mixed shapes whole replicas and work conservation
     exclude monotonicity), every nominal claim due. A claim still waiting for its reclaim horizon is served
-    from the GPUs nobody held, which a larger cap enlarges: with more GPUs it takes its guaranteed quota from
-    that room at once, and a namespace mate without a quota loses the replica it was lent in the meantime (the
-    immediate allocation gives it none at either cap). That waiting only postpones is its own property
-    (test_a_reclaim_is_only_postponed_and_never_above_a_budget)."""
+    from the GPUs nobody held, which a larger cap enlarges: with more GPUs it takes its quota from that room at
+    once, and another model may get less than while the claim waited, never less than the immediate
+    allocation gives it (that waiting only postpones: test_a_reclaim_is_only_postponed_and_never_above_a_budget)
+    nor less than it held and kept (test_a_waiting_claim_never_takes_with_more_gpus_what_a_model_held_and_kept)."""
     previous = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models},
                           claim_since={m.name: -math.inf for m in models})
     small, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap, namespace_gpus=ns_caps), previous, 0.0)
     large, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap + more, namespace_gpus=ns_caps), previous, 0.0)
     for m in models:
         assert large.models[m.name].replicas >= small.models[m.name].replicas
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), budgets(), st.randoms(use_true_random=False), st.booleans())
+def test_the_order_models_are_listed_in_changes_nothing(models, caps, rnd, due):
+    """Nominal quotas that together exceed a cap included: they are served by level and weight, not in list
+    order (a tier-2 model listed first kept its quota while a tier-0 model got none)."""
+    state = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models},
+                       claim_since={m.name: -math.inf for m in models} if due else {})
+    shuffled = list(models)
+    rnd.shuffle(shuffled)
+    a, _ = allocate(SPEC, models, caps, state, 0.0)
+    b, _ = allocate(SPEC, shuffled, caps, state, 0.0)
+    assert a.warm_by_shape == b.warm_by_shape
+    for m in models:
+        assert (a.models[m.name].replicas, a.models[m.name].replicas_by_class, a.models[m.name].warm_slots) == \
+            (b.models[m.name].replicas, b.models[m.name].replicas_by_class, b.models[m.name].warm_slots)
+
+
+@settings(max_examples=500, deadline=None)
+@given(fleets(shapes=(2,)), st.integers(0, 150), st.integers(1, 40),
+       st.dictionaries(st.sampled_from(["team-a", "team-b", ""]), st.integers(0, 80), max_size=3))
+def test_a_waiting_claim_never_takes_with_more_gpus_what_a_model_held_and_kept(models, cap, more, ns_caps):
+    """Claims not yet due (one replica shape): a larger cap may give a waiting claim the room nobody held, in
+    the fleet and in its namespace, never what another model held last tick and kept at the smaller cap."""
+    previous = FleetState(replicas={m.name: m.replicas_wanted // 2 for m in models})
+    small, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap, namespace_gpus=ns_caps), previous, 0.0)
+    large, _ = allocate(SPEC, models, Budgets(fleet_gpus=cap + more, namespace_gpus=ns_caps), previous, 0.0)
+    for m in models:
+        assert large.models[m.name].replicas >= min(previous.replicas[m.name], small.models[m.name].replicas)
+
+
+def test_nominal_quotas_beyond_a_cap_go_by_tier_then_fair_share():
+    """Three 2-GPU models with 2-GPU quotas under a 4-GPU namespace cap: the two tier-0 models get theirs,
+    the tier-2 model none, whichever is listed first."""
+    def model(name: str, tier: int) -> ModelDemand:
+        return ModelDemand(name, demand(critical=2), gpus_per_replica=2, tier=tier, namespace="team-a",
+                           nominal_gpus=2)
+    for order in (["batch", "chat", "code"], ["code", "chat", "batch"]):
+        tiers = {"batch": 2, "chat": 0, "code": 0}
+        decision, _ = allocate(SPEC, [model(n, tiers[n]) for n in order], Budgets(namespace_gpus={"team-a": 4}),
+                               FleetState(), 0.0)
+        assert {n: a.replicas for n, a in decision.models.items()} == {"batch": 0, "chat": 1, "code": 1}
 
 
 @settings(max_examples=300, deadline=None)
