@@ -101,6 +101,9 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_
         "time_to_capacity_s": {"p50": _percentile(result.capacity_lags_s, 50),
                                "p95": _percentile(result.capacity_lags_s, 95)},
         "scaling_actions": result.scaling_actions,
+        # Placeholders created, deleted (the pool shrank) and preempted by replicas: the warm pool's churn.
+        "warm_churn": {"created": result.warm_churn.created, "deleted": result.warm_churn.deleted,
+                       "preempted": result.warm_churn.preempted},
         "wall_s": round(result.wall_s, 2),
         **({"hold": result.outcome["hold"]} if "hold" in result.outcome else {}),
     }

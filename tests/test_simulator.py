@@ -446,6 +446,18 @@ def test_a_placeholder_withdrawn_before_its_node_arrives_leaves_the_node_to_idle
     assert costs.idle_s == pytest.approx(100.0 + 600.0)
 
 
+def test_the_warm_pools_churn_counts_placeholders_created_deleted_and_preempted():
+    """A pool moving 2, 1, 2 creates 3 placeholders and deletes 1; a replica takes one (preempted); the pool
+    emptied when the run ends is not churn."""
+    cluster = SimCluster.started(_shape(1, 1), replicas=1, now=0.0)
+    for slots in (2, 1, 2):
+        cluster.warm_to(slots)
+    cluster.advance(400.0)
+    cluster.scale_to(2)
+    cluster.finish()
+    assert (cluster.warm_churn.created, cluster.warm_churn.deleted, cluster.warm_churn.preempted) == (3, 1, 1)
+
+
 def test_a_slot_freed_before_its_node_arrives_takes_a_replica_on_the_nodes_arrival():
     """One replica per node: a replica ordered at 0 (node at 300) and removed at 50 leaves a slot on a node
     still being provisioned; a replica ordered at 100 takes it and is Ready at 300 + start-up, not 100 +
