@@ -27,9 +27,10 @@ GPU cost, in slot-seconds: replicas from creation (warming) to removal (serving)
 to removal or preemption (warm pool), free slots of empty nodes (idle) and of nodes in use (spare); node
 seconds from request to removal. Node-seconds x k = warming + serving + warm pool + idle + spare.
 
-Churn: the placeholders the pool created, the ones it deleted (the pool shrank) and the ones replicas
-preempted are counted (`WarmChurn`). A pool whose size moves a slot or two from tick to tick deletes and
-re-creates placeholders, and a re-created one may need a node: the count shows it.
+Churn: the placeholders the pool created (and how many of them requested a node), the ones it deleted (the
+pool shrank) and the ones replicas preempted are counted (`WarmChurn`). A pool whose size moves a slot or
+two from tick to tick deletes and re-creates placeholders; a re-created one lands on its old node while that
+idles, and needs a new node once it is gone.
 
 Several clusters (one per model) act as one node pool through `borrow`: a cluster takes another's arrived
 node that holds no replica (an empty one, or one holding only ready placeholders) with its times, and bills
@@ -133,11 +134,12 @@ class Costs:
 @dataclass
 class WarmChurn:
     """Placeholders created, deleted because the pool shrank, and preempted by a replica, over a run (the
-    pool emptied by `finish` is not counted)."""
+    pool emptied by `finish` is not counted); and how many of those created needed a new node."""
 
     created: int = 0
     deleted: int = 0
     preempted: int = 0
+    new_nodes: int = 0  # of those created, the ones that requested a node of their own (none was free)
 
 
 class Cluster(Protocol):
@@ -458,6 +460,7 @@ class SimCluster:
                 if len(self.nodes) >= self.model.nodes_allowed(self.now):
                     break  # a placeholder beyond the limit would stay Pending: it holds nothing
                 node = self._new_node()
+                self.warm_churn.new_nodes += 1
             self._occupy(node)
             node.placeholders.append(self.now)
             self._placeholders += 1
