@@ -174,9 +174,9 @@ def with_idle_slots(sig, idle):
 
 
 def test_the_warm_pool_holds_its_slots_for_one_node_provisioning_after_the_need_falls(spec):
-    """Insured for a doubling at 40 req/s, then 25 req/s from t = 750 s: the need falls at once (4 slots,
-    then fewer) but the 5 slots are held until 300 s (the node provisioning a re-created slot would wait)
-    after 5 was last asked for, with the reason; then released."""
+    """Insured for a doubling at 40 req/s, then 25 req/s from t = 750 s: the risk falls at once (10 replicas
+    and fewer, from 11) but the 5 slots are held until 300 s (the node provisioning a re-created slot would
+    wait) after 11 was last asked for, with the reason; then released."""
     insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
     steps = [(i * 15.0, signals(i * 15.0, rate=40.0 if i < 50 else 25.0, service=1.0, spec_replicas=6))
              for i in range(75)]
@@ -184,7 +184,7 @@ def test_the_warm_pool_holds_its_slots_for_one_node_provisioning_after_the_need_
     before = decisions[49].warm_slots
     assert before == 5
     assert [d.warm_slots for d in decisions[50:70]] == [before] * 20  # 750 .. 1035 s
-    assert any(r.startswith("warm pool: holding 5 slots") and "stayed below it for 300 s" in r
+    assert any(r.startswith("warm pool: holding 5 slots") and "asked for fewer for 300 s" in r
                for r in decisions[60].reasons)
     assert decisions[70].warm_slots < before  # 1050 s: 300 s after 5 was last asked for
 

@@ -315,12 +315,13 @@ def test_warm_pool_covers_the_growth_risk_less_idle_slots(spec):
                       risk_replicas=40)[0] == 0
 
 
-def _keep(growths, *, idle=0, hold_s=300.0, tick_s=15.0):
-    """The slots kept tick by tick for a sequence of growth needs, `idle` idle node slots throughout."""
+def _keep(growths, *, idle=0, hold_s=300.0, tick_s=15.0, replicas=10):
+    """The slots kept tick by tick for a sequence of growth needs beyond `replicas` (the risk sized at
+    replicas + growth), `idle` idle node slots throughout."""
     needs, held, kept = (), 0, []
     for i, growth in enumerate(growths):
-        held, needs = keep_slots(needs, held=held, asked=max(0, growth - idle), growth=growth, now=i * tick_s,
-                                 hold_s=hold_s)
+        held, needs = keep_slots(needs, held=held, asked=max(0, growth - idle), risk_replicas=replicas + growth,
+                                 replicas=replicas, now=i * tick_s, hold_s=hold_s)
         kept.append(held)
     return kept
 
@@ -342,11 +343,22 @@ def test_warm_pool_rises_at_once_and_idle_slots_lower_what_is_created_not_what_i
     assert _keep([0, 3], hold_s=0.0) == [0, 3] and _keep([3, 0], hold_s=0.0) == [3, 0]  # no hold: no hysteresis
     # 7 held; then 3 idle node slots appear: deleting 3 placeholders would leave 3 more idle nodes (billed as
     # before until removed), which would count against the pool again, and so on until it is empty
-    needs, held = keep_slots((), held=0, asked=7, growth=7, now=0.0, hold_s=300.0)[1], 7
+    held, needs = keep_slots((), held=0, asked=7, risk_replicas=17, replicas=10, now=0.0, hold_s=300.0)
     for i in range(1, 100):
-        held, needs = keep_slots(needs, held=held, asked=4, growth=7, now=i * 15.0, hold_s=300.0)
+        held, needs = keep_slots(needs, held=held, asked=4, risk_replicas=17, replicas=10, now=i * 15.0,
+                                 hold_s=300.0)
     assert held == 7
     assert _keep([7, 7], idle=3) == [4, 4]  # what is created is less the idle slots
+
+
+def test_replicas_that_grow_into_the_warm_pool_lower_it_at_once():
+    """The risk is sized at 17 replicas: 10 replicas and 7 slots; 3 replicas more take 3 of the slots, the
+    risk is the same, so the pool is 4 at once (not refilled behind them); the risk falling is held."""
+    held, needs = keep_slots((), held=0, asked=7, risk_replicas=17, replicas=10, now=0.0, hold_s=300.0)
+    held, needs = keep_slots(needs, held=held, asked=4, risk_replicas=17, replicas=13, now=15.0, hold_s=300.0)
+    assert held == 4
+    held, needs = keep_slots(needs, held=held, asked=2, risk_replicas=15, replicas=13, now=30.0, hold_s=300.0)
+    assert held == 4
 
 
 def test_growth_samples_are_the_largest_rise_within_one_provisioning_time():
