@@ -6,9 +6,11 @@
 Prints per policy: SLO attainment per priority class, p99 queue wait, GPU-hours (serving + warming + warm
 pool + idle nodes), GPU-hours / clairvoyant, node GPU-hours (every GPU of every node while it exists, idle
 ones on partly used nodes and the M mod N no replica fits in included) and their cost at P per GPU-hour,
-shed fraction of sheddable requests, scaling actions, and the replay's wall time; then the predictive
-policy's decide() time (median, 99th percentile with the scheduled statsmodels refits, and median excluding
-them) and whether it met the targets. Every policy runs on the same simulated cluster of N-GPU replicas on M-GPU nodes.
+shed fraction of sheddable requests, scaling actions, warm placeholders created / deleted / created on a
+new node (the pool's churn; `--json` adds those preempted by replicas) and the replay's wall time; then the
+predictive policy's decide() time (median, 99th percentile with the scheduled statsmodels refits, and median
+excluding them) and whether it met the targets. Every policy runs on the same simulated cluster of N-GPU
+replicas on M-GPU nodes.
 
 With `--idle-after-s S` the predictive policy runs twice: as always, and as `predictive-zero` with scale
 to zero after S s without demand. Requests arriving while a model has no ready replica are then held
@@ -98,13 +100,14 @@ def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]
           cluster: ClusterModel | None = None, gpu_hour_price: float = 1.0) -> str:
     """One row per policy: attainment per class (highest first), p99 wait, GPU-hours (and the warm pool's
     share of them), node GPU-hours and their cost, shed share and shedding time of the sheddable classes,
-    time to capacity (order -> Ready of each replica added, median / 95th percentile), scaling actions, wall
-    time. The first line names the cluster's shape and the price."""
+    time to capacity (order -> Ready of each replica added, median / 95th percentile), scaling actions, warm
+    placeholders created / deleted / created on a new node (the pool's churn), wall time. The first line
+    names the cluster's shape and the price."""
     names = [ABBREVIATIONS.get(c, c[:6]) + " SLO" for c in classes]
     head = (
         f"{'policy':<18} " + " ".join(f"{n:>9}" for n in names) + f" {'p99 wait':>9} {'GPU-h':>9} "
         f"{'x clairv':>9} {'warm':>6} {'node GPU-h':>10} {'cost':>9} {'shed':>7} {'shed s':>7} {'TTC p50/p95 s':>14} "
-        f"{'actions':>8} {'wall s':>7}"
+        f"{'actions':>8} {'warm +/-/node':>15} {'wall s':>7}"
     )
     lines = [shape(cluster or ClusterModel(), gpu_hour_price), head, "-" * len(head)]
     for r in rows:
@@ -116,11 +119,12 @@ def table(rows: list[dict], classes: tuple[str, ...], sheddable: tuple[str, ...]
         shed_s = max((r["shed_time_s"][c] for c in sheddable), default=0.0)
         ttc = r["time_to_capacity_s"]
         ttc_text = f"{ttc['p50']:.0f}/{ttc['p95']:.0f}" if ttc["p50"] is not None else "-"
+        churn = f"{r['warm_churn']['created']}/{r['warm_churn']['deleted']}/{r['warm_churn']['new_nodes']}"
         lines.append(
             f"{r['policy']:<18} {cells} "
             f"{r['p99_queue_wait_s']:>8.2f}s {r['gpu_hours']:>9.2f} {ratio:>9} {warm:>6.1%} "
             f"{r['node_gpu_hours']:>10.2f} {r['cost']:>9.2f} {shed:>7.2%} {shed_s:>7.0f} {ttc_text:>14} "
-            f"{r['scaling_actions']:>8} {r['wall_s']:>7.1f}"
+            f"{r['scaling_actions']:>8} {churn:>15} {r['wall_s']:>7.1f}"
         )
     return "\n".join(lines)
 

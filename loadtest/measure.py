@@ -15,6 +15,8 @@ rounding waste; a lower bound on GPU-hours.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from autoscaler.sim.cluster import ClusterModel, Costs
@@ -101,6 +103,9 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_
         "time_to_capacity_s": {"p50": _percentile(result.capacity_lags_s, 50),
                                "p95": _percentile(result.capacity_lags_s, 95)},
         "scaling_actions": result.scaling_actions,
+        # Placeholders created (new_nodes: of them, those that requested a node), deleted (the pool shrank) and
+        # preempted by replicas: the warm pool's churn.
+        "warm_churn": asdict(result.warm_churn),
         "wall_s": round(result.wall_s, 2),
         **({"hold": result.outcome["hold"]} if "hold" in result.outcome else {}),
     }

@@ -183,6 +183,11 @@ class PolicyState:
     # Growth risk for the warm pool (ratio, why), computed once per forecast bucket (the bucket start it is for).
     growth_risk: tuple[float, str] | None = None
     growth_risk_for_s: float | None = None
+    # Warm-pool hysteresis (stages/warmpool.py): the replicas the risk asked for (replicas + warm slots) within
+    # the hold, as (time, replicas), only those no later one matched or exceeded (replicas fall and times rise
+    # along it; the first is the most asked for within the hold).
+    warm_needs: tuple[tuple[float, int], ...] = ()
+    warm_held: int = 0  # the slots the pool kept last tick (before a budget or placement took them)
     # Since when every demand signal has read zero, present and fresh (stages/idle.py); None: not idle.
     idle_since_s: float | None = None
     # When the last wake from zero ordered replicas, until they are all Ready or the queue is drained.

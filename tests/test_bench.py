@@ -9,7 +9,7 @@ from loadtest.bench import main
 from helpers import BUNDLED_TRACE
 
 KEYS = {"policy", "slo_attainment", "p99_queue_wait_s", "gpu_hours", "gpu_hours_vs_clairvoyant", "shed_fraction",
-        "scaling_actions", "wall_s", "shed_time_s", "warm_pool_gpu_hours", "time_to_capacity_s"}
+        "scaling_actions", "wall_s", "shed_time_s", "warm_pool_gpu_hours", "time_to_capacity_s", "warm_churn"}
 
 
 @pytest.fixture(scope="module")

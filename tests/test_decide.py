@@ -158,12 +158,35 @@ def test_warm_pool_insures_the_growth_it_is_told_to_and_explains_each_slot(spec)
     last = decisions[-1]
     assert last.warm_slots >= last.replicas - 1  # about one more fleet's worth
     assert any("+100%" in r and "warm pool" in r for r in last.reasons)
-    base = steps[-1][1]
-    with_idle = Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=6, idle_slots=3, at_s=base.cluster.at_s),
-                        arrival_rate_per_s=base.arrival_rate_per_s, in_flight=base.in_flight,
-                        queue_depth=base.queue_depth, service_time_s=base.service_time_s)
-    d, _ = run(insured, steps[:-1] + [(steps[-1][0], with_idle)])
+    idle = [(now, with_idle_slots(sig, 3)) for now, sig in steps]
+    d, _ = run(insured, idle)
     assert d[-1].warm_slots == last.warm_slots - 3
+    # idle slots appearing later lower nothing held: deleting a placeholder would only leave its node idle
+    d, _ = run(insured, steps[:-1] + idle[-1:])
+    assert d[-1].warm_slots == last.warm_slots and any("3 idle node slots lower what is created, not what is held"
+                                                      in r for r in d[-1].reasons)
+
+
+def with_idle_slots(sig, idle):
+    return Signals(cluster=ClusterState(spec_replicas=6, ready_replicas=6, idle_slots=idle, at_s=sig.cluster.at_s),
+                   arrival_rate_per_s=sig.arrival_rate_per_s, in_flight=sig.in_flight,
+                   queue_depth=sig.queue_depth, service_time_s=sig.service_time_s)
+
+
+def test_the_warm_pool_holds_its_slots_for_one_node_provisioning_after_the_need_falls(spec):
+    """Insured for a doubling at 40 req/s, then 25 req/s from t = 750 s: the risk falls at once (10 replicas
+    and fewer, from 11) but the 5 slots are held until 300 s (the node provisioning a re-created slot would
+    wait) after 11 was last asked for, with the reason; then released."""
+    insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
+    steps = [(i * 15.0, signals(i * 15.0, rate=40.0 if i < 50 else 25.0, service=1.0, spec_replicas=6))
+             for i in range(75)]
+    decisions, _ = run(insured, steps)
+    before = decisions[49].warm_slots
+    assert before == 5
+    assert [d.warm_slots for d in decisions[50:70]] == [before] * 20  # 750 .. 1035 s
+    assert any(r.startswith("warm pool: holding 5 slots") and "asked for fewer for 300 s" in r
+               for r in decisions[60].reasons)
+    assert decisions[70].warm_slots < before  # 1050 s: 300 s after 5 was last asked for
 
 
 def test_unplaceable_replicas_keep_no_warm_slots_and_shed_by_priority(spec):

@@ -1,5 +1,7 @@
 """The simulated cluster and its queueing, checked against Erlang C."""
 
+from dataclasses import astuple
+
 import numpy as np
 import pytest
 
@@ -444,6 +446,22 @@ def test_a_placeholder_withdrawn_before_its_node_arrives_leaves_the_node_to_idle
     assert costs.node_s == pytest.approx(800.0)  # requested at 0, emptied again at 200, removed at 800
     assert costs.warm_pool_s == pytest.approx(100.0) and costs.warming_s == 0.0
     assert costs.idle_s == pytest.approx(100.0 + 600.0)
+
+
+def test_the_warm_pools_churn_counts_placeholders_created_deleted_and_preempted():
+    """A pool moving 2, 1, 2 creates 3 placeholders (the third on the node the second left) and deletes 1; a
+    replica takes one (preempted) and the other is deleted; once its node idled out, a new placeholder needs a
+    new node; the pool emptied when the run ends is not churn."""
+    cluster = SimCluster.started(_shape(1, 1), replicas=1, now=0.0)
+    for slots in (2, 1, 2):
+        cluster.warm_to(slots)
+    cluster.advance(400.0)
+    cluster.scale_to(2)
+    cluster.warm_to(0)
+    cluster.advance(1100.0)  # its node idled out (600 s)
+    cluster.warm_to(1)
+    cluster.finish()
+    assert astuple(cluster.warm_churn) == (4, 2, 1, 3)  # created, deleted, preempted, of the created on a new node
 
 
 def test_a_slot_freed_before_its_node_arrives_takes_a_replica_on_the_nodes_arrival():

@@ -15,7 +15,7 @@ from policies.stages.leadtime import lead_time_s, remember_startups, startup_s
 from policies.stages.reactive import learn_service_time, reactive
 from policies.stages.sanitize import sanitize
 from policies.stages.shedding import saturation_depths, shed_levels
-from policies.stages.warmpool import warm_slots
+from policies.stages.warmpool import keep_slots, warm_slots
 from policies.types import ForecastState
 
 from helpers import signals
@@ -313,6 +313,52 @@ def test_warm_pool_covers_the_growth_risk_less_idle_slots(spec):
     assert warm_slots(tight, replicas=10, peak_replicas=None, risk_replicas=30)[0] == 2  # the replica bound
     assert warm_slots(spec.model_copy(update={"max_warm_slots": 0}), replicas=10, peak_replicas=40,
                       risk_replicas=40)[0] == 0
+
+
+def _keep(growths, *, idle=0, hold_s=300.0, tick_s=15.0, replicas=10):
+    """The slots kept tick by tick for a sequence of growth needs beyond `replicas` (the risk sized at
+    replicas + growth), `idle` idle node slots throughout."""
+    needs, held, kept = (), 0, []
+    for i, growth in enumerate(growths):
+        held, needs = keep_slots(needs, held=held, asked=max(0, growth - idle), risk_replicas=replicas + growth,
+                                 replicas=replicas, now=i * tick_s, hold_s=hold_s)
+        kept.append(held)
+    return kept
+
+
+def test_warm_pool_keeps_a_need_that_oscillates_at_its_top():
+    assert _keep([5, 7] * 20) == [5] + [7] * 39  # deleting two placeholders every other tick saves nothing
+
+
+def test_warm_pool_releases_a_need_that_falls_and_stays_down_after_one_node_provisioning():
+    """7 asked last at t = 0; 5 from then on: held until 300 s (the hold) after 7 was asked, then 5."""
+    kept = _keep([7] + [5] * 30)
+    assert kept[:20] == [7] * 20 and kept[20:] == [5] * 11  # t = 0 .. 285 s, then from 300 s
+    stepwise = _keep([7] + [6] * 10 + [5] * 30)  # each slot goes 300 s after it was last asked for
+    assert stepwise[19] == 7 and stepwise[20] == 6 and stepwise[29] == 6 and stepwise[30] == 5
+
+
+def test_warm_pool_rises_at_once_and_idle_slots_lower_what_is_created_not_what_is_held():
+    assert _keep([2, 2, 6]) == [2, 2, 6]
+    assert _keep([0, 3], hold_s=0.0) == [0, 3] and _keep([3, 0], hold_s=0.0) == [3, 0]  # no hold: no hysteresis
+    # 7 held; then 3 idle node slots appear: deleting 3 placeholders would leave 3 more idle nodes (billed as
+    # before until removed), which would count against the pool again, and so on until it is empty
+    held, needs = keep_slots((), held=0, asked=7, risk_replicas=17, replicas=10, now=0.0, hold_s=300.0)
+    for i in range(1, 100):
+        held, needs = keep_slots(needs, held=held, asked=4, risk_replicas=17, replicas=10, now=i * 15.0,
+                                 hold_s=300.0)
+    assert held == 7
+    assert _keep([7, 7], idle=3) == [4, 4]  # what is created is less the idle slots
+
+
+def test_replicas_that_grow_into_the_warm_pool_lower_it_at_once():
+    """The risk is sized at 17 replicas: 10 replicas and 7 slots; 3 replicas more take 3 of the slots, the
+    risk is the same, so the pool is 4 at once (not refilled behind them); the risk falling is held."""
+    held, needs = keep_slots((), held=0, asked=7, risk_replicas=17, replicas=10, now=0.0, hold_s=300.0)
+    held, needs = keep_slots(needs, held=held, asked=4, risk_replicas=17, replicas=13, now=15.0, hold_s=300.0)
+    assert held == 4
+    held, needs = keep_slots(needs, held=held, asked=2, risk_replicas=15, replicas=13, now=30.0, hold_s=300.0)
+    assert held == 4
 
 
 def test_growth_samples_are_the_largest_rise_within_one_provisioning_time():

@@ -27,6 +27,11 @@ GPU cost, in slot-seconds: replicas from creation (warming) to removal (serving)
 to removal or preemption (warm pool), free slots of empty nodes (idle) and of nodes in use (spare); node
 seconds from request to removal. Node-seconds x k = warming + serving + warm pool + idle + spare.
 
+Churn: the placeholders the pool created (and how many of them requested a node), the ones it deleted (the
+pool shrank) and the ones replicas preempted are counted (`WarmChurn`). A pool whose size moves a slot or
+two from tick to tick deletes and re-creates placeholders; a re-created one lands on its old node while that
+idles, and needs a new node once it is gone.
+
 Several clusters (one per model) act as one node pool through `borrow`: a cluster takes another's arrived
 node that holds no replica (an empty one, or one holding only ready placeholders) with its times, and bills
 all of it, from its request on, as its own, so the clusters' summed bill is the pool's.
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -126,10 +131,22 @@ class Costs:
         return self.node_s * self.gpus_per_node / 3600.0
 
 
+@dataclass
+class WarmChurn:
+    """Placeholders created, deleted because the pool shrank, and preempted by a replica, over a run (the
+    pool emptied by `finish` is not counted); and how many of those created needed a new node."""
+
+    created: int = 0
+    deleted: int = 0
+    preempted: int = 0
+    new_nodes: int = 0  # of those created, the ones that requested a node of their own (none was free)
+
+
 class Cluster(Protocol):
     """What the simulator's drivers use of a simulated cluster: time, observation, actions, the bill."""
 
     scaling_actions: int
+    warm_churn: WarmChurn
     capacity_lags_s: list[float]  # order -> Ready of every replica added after the start
 
     @property
@@ -197,6 +214,7 @@ class SimCluster:
     nodes: list[_Node] = field(default_factory=list)  # in order of request
     costs: Costs = field(default_factory=Costs)
     scaling_actions: int = 0
+    warm_churn: WarmChurn = field(default_factory=WarmChurn)
     # How long each replica added after the start took from its order to Ready: the time to capacity.
     capacity_lags_s: list[float] = field(default_factory=list)
     unplaced: list[float] = field(default_factory=list)  # creation times of replicas no node can be made for
@@ -350,6 +368,7 @@ class SimCluster:
             self._occupy(node)
             self.costs.warm_pool_s += now - node.placeholders.pop()
             self._placeholders -= 1
+            self.warm_churn.preempted += 1
             return node, now + self._startup()
         node = self._room(arrived=True)
         if node is not None:
@@ -365,6 +384,7 @@ class SimCluster:
             self._occupy(node)
             self.costs.warm_pool_s += now - node.placeholders.pop(0)
             self._placeholders -= 1
+            self.warm_churn.preempted += 1
             return node, node.ready_s + self._startup()
         if len(self.nodes) >= self.model.nodes_allowed(now):
             return None
@@ -440,9 +460,11 @@ class SimCluster:
                 if len(self.nodes) >= self.model.nodes_allowed(self.now):
                     break  # a placeholder beyond the limit would stay Pending: it holds nothing
                 node = self._new_node()
+                self.warm_churn.new_nodes += 1
             self._occupy(node)
             node.placeholders.append(self.now)
             self._placeholders += 1
+            self.warm_churn.created += 1
         while self.warm_slots > slots:
             # waiting placeholders first, then from the least-used node
             node = min((n for n in self.nodes if n.placeholders),
@@ -450,6 +472,7 @@ class SimCluster:
             self._settle(node, self.now)
             self.costs.warm_pool_s += self.now - node.placeholders.pop()
             self._placeholders -= 1
+            self.warm_churn.deleted += 1
             self._vacated(node)
 
     # -- one node pool over several clusters -----------------------------------------------------------------
@@ -490,7 +513,9 @@ class SimCluster:
         """Stop the clock: replicas and placeholders billed up to now, every node to now or its expiry."""
         while self.pods:
             self._remove_pod()
+        churn = replace(self.warm_churn)
         self.warm_to(0)
+        self.warm_churn = churn  # the pool emptied at the end of the run is no churn
         timeout = self.model.node_idle_timeout_s
         for node in list(self.nodes):
             self._drop(node, min(node.empty_since + timeout, self.now))

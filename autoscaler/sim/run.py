@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autoscaler.sim.cluster import Cluster, ClusterModel, Costs, SimCluster
+from autoscaler.sim.cluster import Cluster, ClusterModel, Costs, SimCluster, WarmChurn
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
@@ -71,6 +71,7 @@ class RunResult:
     refit: list[bool]
     timeline: list[dict]
     capacity_lags_s: list[float] = field(default_factory=list)  # order -> Ready of every replica added
+    warm_churn: WarmChurn = field(default_factory=WarmChurn)  # placeholders created, deleted, preempted
 
 
 def sim_config_for(spec: PolicySpec) -> SimConfig:
@@ -168,4 +169,5 @@ def run(
         refit=refit,
         timeline=timeline,
         capacity_lags_s=list(cluster.capacity_lags_s),
+        warm_churn=cluster.warm_churn,
     )
