@@ -249,7 +249,7 @@ class Tick:
     node_s: float = 0.0  # leadtime
     lead_s: float = 0.0  # leadtime
     rising: float | None = None  # demand: the rate a steady climb reaches within one start-up
-    held: float | None = None  # demand: the level a rise held (no steady climb), or reaches at the lead time
+    held: float | None = None  # demand: the level a rise held (no steady climb), demand but no growth
     sizing: float = 1.0  # feedback: the multiple of a rate that capacity is sized for
     reactive: int | None = None  # reactive
     quantiles: tuple[float | None, float | None] = (None, None)  # predictive: the burst envelope used

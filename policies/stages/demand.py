@@ -12,9 +12,7 @@
   demand at that level (the predictive stage sizes for at least it and does not cut it as a one-off burst),
   not growth: a tick above it is still a burst to confirm (on servegen-deepseek-r1 seed 2, taking the
   reactive figure at once on a held rise ordered 45 replicas for one tick's 28 req/s where the held level
-  needed 29, held for the scale-down window). Its growth is the rise's own: while the rise still climbs
-  clear of the noise (`forecast.rise_ahead`), the demand is the level it reaches when capacity ordered now
-  serves (one lead time on), so the lag does not eat the SLO's margin.
+  needed 29, held for the scale-down window).
 """
 
 from __future__ import annotations
@@ -51,10 +49,6 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         lines.append(f"{UNFITTED_REASON} ({fs.unfitted}): the {fs.kind} model's previous parameters kept")
     rising = fc.climb(spec, fs, tick.startup_s)
     held = fc.held_rise(spec, fs, tick.startup_s) if rising is None else None
-    if held is None:
-        return tick.then(lines, rising=rising)
-    lines.append(held[1])
-    ahead = fc.rise_ahead(spec, fs, startup_s=tick.startup_s, ahead_s=tick.lead_s)
-    if ahead is not None:
-        lines.append(ahead[1])
-    return tick.then(lines, rising=rising, held=max(held[0], ahead[0]) if ahead is not None else held[0])
+    if held is not None:
+        lines.append(held[1])
+    return tick.then(lines, rising=rising, held=held[0] if held is not None else None)

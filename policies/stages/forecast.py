@@ -65,18 +65,6 @@ critical requests late among them. Half a start-up halves the second cost and le
 longer than it, which were halfway to being confirmed anyway. The climb's projection is kept where it
 fires (a clean ramp); a held rise gives the level it holds, no growth beyond it.
 
-Margin for the lag: the level a rise held is its mean over the hold, which stands at the hold's middle tick;
-a ramp still climbing goes on past it while capacity ordered now starts. Sized at that level, the replicas
-land one lead time later at exactly the SLO for a rate already left behind, and the lag eats the margin
-(issue pattern: one- and two-tick overshoots of the queue wait during ordinary rises). `rise_ahead` sizes
-for the rate the lag will see: the rise's slope over the hold (Theil-Sen, the median of pairwise slopes, so
-one tick's spike does not tilt it), counted at RISE_SLOPE_Z standard errors below its estimate (the
-windows' overlap counted in the error, as for the level), carried from the hold's middle to one lead time
-on. A line is extrapolated no further ahead than it was seen (at most the hold's length beyond its end);
-a slope not clear of the noise adds nothing (the held level stands). The cost of each mistake: growth
-that stops leaves the replicas ordered for it to the scale-down window; growth left out is the lag's
-excess queued.
-
 Before the first request: the history begins at the model's first non-zero arrival rate. Zeros read
 before it (a controller started before its load, a model deployed before its traffic is routed) are not a
 level the model served: learned, they pull the first bucket down (seen live: two ticks of 0 and a filling
@@ -458,9 +446,6 @@ def climb(spec: PolicySpec, fs: ForecastState, horizon_s: float) -> float | None
 RISE_HOLD_OF_STARTUP = 0.5
 RISE_Z = 3.5
 RISE_TICK_Z = 1.5
-# A held rise's growth over the lag (`rise_ahead`) counts at its slope less this many standard errors:
-# more often under the growth than over it, since an overshoot holds its replicas for the scale-down window.
-RISE_SLOPE_Z = 1.0
 
 
 def _spread_ratio(ratios: tuple[float, ...], lag_ticks: int) -> float:
@@ -478,17 +463,12 @@ def _overlap_sum(hold_ticks: int, lag_ticks: int) -> float:
     return hold_ticks + 2.0 * pairs
 
 
-def _hold(spec: PolicySpec, startup_s: float) -> tuple[float, int, int]:
-    """(the rate's window in s, the ticks one window spans, the ticks a rise must hold for)."""
-    window_s = max(spec.rate_window_s or spec.tick_s, spec.tick_s)
-    lag = max(1, math.ceil(window_s / spec.tick_s - 1e-9))
-    return window_s, lag, lag + math.ceil(RISE_HOLD_OF_STARTUP * startup_s / spec.tick_s - 1e-9)
-
-
 def held_rise(spec: PolicySpec, fs: ForecastState, startup_s: float) -> tuple[float, str] | None:
     """(the level it holds, a reason line) if demand rose above the forecast and held there for the hold
     (see the module docstring, "Ramps"); None otherwise."""
-    window_s, lag, hold = _hold(spec, startup_s)
+    window_s = max(spec.rate_window_s or spec.tick_s, spec.tick_s)
+    lag = max(1, math.ceil(window_s / spec.tick_s - 1e-9))
+    hold = lag + math.ceil(RISE_HOLD_OF_STARTUP * startup_s / spec.tick_s - 1e-9)
     if fs.kind == "none" or len(fs.rates) < hold or len(fs.ratios) < hold + lag + _MIN_RATIOS:
         return None
     expected = point(fs, 1)
@@ -509,53 +489,6 @@ def held_rise(spec: PolicySpec, fs: ForecastState, startup_s: float) -> tuple[fl
         f"{hold * spec.tick_s:.0f} s ({(level - expected) / error:.1f} standard errors, every tick above "
         f"{expected + noise:.1f}): a ramp, not a burst to confirm (if it ends: the replicas ordered for it "
         f"wait out the scale-down window; confirmed first: a start-up of its excess queued and shed)")
-
-
-def rise_ahead(spec: PolicySpec, fs: ForecastState, *, startup_s: float, ahead_s: float) -> tuple[float, str] | None:
-    """(the rate a held rise reaches `ahead_s` from now, a reason line) when its own slope over the hold is
-    clear of the rate's noise; None when it is not (the level it held stands). Call it on a tick whose
-    `held_rise` fired (see the module docstring, "Margin for the lag")."""
-    window_s, lag, hold = _hold(spec, startup_s)
-    if len(fs.rates) < hold or len(fs.ratios) < hold + lag + _MIN_RATIOS:
-        return None
-    expected = point(fs, 1)
-    span = fs.rates[-hold:]
-    if not _line_beats_step(list(span)):  # a level shift inside the hold, or a ramp's end: no growth to carry
-        return None
-    slopes = sorted((span[j] - span[i]) / (j - i) for i in range(hold) for j in range(i + 1, hold))
-    slope = slopes[len(slopes) // 2]  # Theil-Sen: one tick's spike does not tilt it
-    noise = max(math.sqrt(expected / window_s), _spread_ratio(fs.ratios[:-hold], lag) * expected)
-    clear = slope - RISE_SLOPE_Z * noise * _slope_error(hold, lag)
-    if clear <= 0:
-        return None
-    ahead_ticks = min(ahead_s / spec.tick_s, hold)  # no further ahead than the line was seen
-    level = sum(span) / hold
-    reached = level + clear * ((hold - 1) / 2 + ahead_ticks)  # the span's mean stands at its middle tick
-    return reached, (
-        f"forecast: the rise still climbs {clear / spec.tick_s:.2f} req/s per s (its slope over the hold less "
-        f"{RISE_SLOPE_Z:g} standard error): sized for the {reached:.1f} req/s it reaches in "
-        f"{ahead_ticks * spec.tick_s:.0f} s, when capacity ordered now serves, not the {level:.1f} it held "
-        f"(if it stops: those replicas wait out the scale-down window; sized at the level: the lag's excess "
-        f"queued)")
-
-
-def _line_beats_step(y: list[float]) -> bool:
-    """Whether a least-squares line fits `y` better than the best single step does (as `climb` asks)."""
-    n = len(y)
-    x = [i - (n - 1) / 2 for i in range(n)]
-    mean = sum(y) / n
-    slope = sum(a * (b - mean) for a, b in zip(x, y)) / sum(a * a for a in x)
-    line_sse = sum((b - mean - slope * a) ** 2 for a, b in zip(x, y))
-    return line_sse < min(_sse(y[:k]) + _sse(y[k:]) for k in range(2, n - 1))
-
-
-def _slope_error(hold: int, lag: int) -> float:
-    """The standard error of a least-squares slope over `hold` ticks per unit of a tick's noise, the rates'
-    windows `lag` ticks long overlapping (correlation 1 - d / lag at d ticks apart)."""
-    x = [i - (hold - 1) / 2 for i in range(hold)]
-    sxx = sum(v * v for v in x)
-    cov = sum(x[i] * x[j] * max(0.0, 1.0 - abs(i - j) / lag) for i in range(hold) for j in range(hold))
-    return math.sqrt(cov) / sxx
 
 
 def level_now(fs: ForecastState, rate: float | None) -> float:

@@ -6,8 +6,7 @@ feedback's headroom, is sized like every rate (`sizing.replicas_for_rate`). Whil
 (stage 4, demand), what the climb needs by the end of one start-up is ordered now, as far as warm and idle slots
 (capacity already paid for) can take it, so it is ready when the demand is; without a free slot such a
 replica would land after node provisioning too, and the combine stage follows the climb tick by tick.
-A rise that held (stage 4, demand) is demand at the level it held, or, while it still climbs clear of the noise,
-at the level it reaches one lead time on: the upper bound is at least that level, the
+A rise that held (stage 4, demand) is demand at the level it held: the upper bound is at least that level, the
 burst envelope is not cut for it as for a one-off burst, and free slots take what it needs at once.
 E.g. 10 replicas for the forecast, a climb to 14 replicas' worth, 3 warm slots: 3 ordered now, 13 in all.
 
@@ -56,8 +55,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         lines += back
     if predicted is not None and tick.held is not None and tick.held > predicted[1]:
         predicted = (predicted[0], tick.held)
-        lines.append(f"forecast: upper bound raised to the {tick.held:.1f} req/s the rise holds at "
-                     f"+{tick.lead_s:.0f} s")
+        lines.append(f"forecast: upper bound raised to the {tick.held:.1f} req/s the rise held")
     replicas = None
     if predicted is not None:
         replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
