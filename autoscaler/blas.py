@@ -1,4 +1,4 @@
-"""One BLAS thread where the linear algebra is small: the refit child and the harness's processes.
+"""One BLAS thread where the linear algebra is small: the refit child, `autoscaler replay`, the harness.
 
 Why: numpy and scipy each load their own OpenBLAS, which by default runs a worker thread per core. The
 forecaster's statsmodels fits are tiny (a week of buckets, a handful of parameters): on a 2-core machine the
@@ -11,14 +11,14 @@ Design:
   statsmodels, at the first fit), and a child process or a forked worker inherits them. A runtime limit
   (threadpoolctl) reaches only the libraries already loaded, so it would have to wrap every fit.
 - The user's value wins: when any of the variables is set (to anything but the empty string), none is
-  touched. OpenBLAS reads `OMP_NUM_THREADS` when its own variable is unset, so setting only that one would
-  override a user's `OMP_NUM_THREADS`.
-- Where: `autoscaler.fitchild` starts its child with the cap; `loadtest` caps its own processes when the
-  package is imported (every `python -m loadtest.X` imports it before numpy). The controller's process is
-  left as it is: its refits run in the child, and with or without the cap it holds the same memory
-  (docs/speed.md).
-- Same decisions: the replay digests of every shared trace are the same with one thread as with the
-  default (docs/speed.md); a fit's bits do not depend on the thread count at these sizes.
+  touched. OpenBLAS reads `OMP_NUM_THREADS` when its own variable is unset, so adding
+  `OPENBLAS_NUM_THREADS=1` beside a user's `OMP_NUM_THREADS` would override it.
+- Where: `autoscaler.fitchild` starts its child with the cap; `autoscaler replay` caps its process before
+  it imports the replay (its fits run in it); `loadtest` caps its own processes when the package is imported
+  (every `python -m loadtest.X` imports it before numpy). The controller's process is left as it is: its
+  refits run in the child, and with or without the cap it holds the same memory (docs/speed.md).
+- Decisions: a different thread count could in principle round a fit differently; the replay digests of
+  every policy on every shared trace are the same with one thread as with the default (docs/speed.md).
 """
 
 from __future__ import annotations

@@ -110,3 +110,29 @@ def test_the_refit_child_runs_one_blas_thread_unless_the_user_set_a_count(monkey
         assert _threads(child.proc.pid) == threads
     finally:
         fitter.close()
+
+
+# `autoscaler replay` with the replay itself replaced by a probe that loads and uses both OpenBLAS copies:
+# whatever the command imports before the replay runs, the cap must come before numpy.
+_REPLAY = """
+import json, sys, types
+from autoscaler import cli
+
+def probe(args):
+    import numpy as np, scipy.linalg.blas as sb
+    a = np.ones((300, 300))
+    a @ a
+    sb.dgemm(1.0, a, a)
+    print(json.dumps(int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("Threads:")))))
+    return 0
+
+sys.modules["autoscaler.replay.command"] = types.SimpleNamespace(replay=probe)
+sys.exit(cli.main(["replay", "recording.json"]))
+"""
+
+
+@pytest.mark.parametrize("user, threads", [({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 3)])
+def test_autoscaler_replay_runs_its_fits_on_one_blas_thread_unless_the_user_set_a_count(user, threads):
+    out = subprocess.run([sys.executable, "-c", _REPLAY], env=_clean_env(**user), capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == threads
