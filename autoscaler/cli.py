@@ -70,6 +70,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from autoscaler.blas import cap_this_process
+
+    cap_this_process()  # before numpy loads: the replay's fits run here, one BLAS thread (autoscaler.blas)
     from autoscaler.replay.command import replay
 
     return replay(args)

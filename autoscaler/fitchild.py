@@ -14,7 +14,8 @@ Design:
 - Same bits, same code: the child runs `forecast.in_process` on the same bytes and sends back its result
   pickled: the same floats, bit for bit, as a fit in this process (tests/test_fitchild.py). `-P` and the
   parent's package root first on its PYTHONPATH: a controller started in a directory holding another
-  checkout still runs its own code in the child.
+  checkout still runs its own code in the child. The child runs one BLAS thread unless the controller's
+  environment names a thread count (`autoscaler.blas`): its fits are tiny, more threads only spin.
 - Requests go on the child's stdin, answers on a pipe of their own (its fd the child's last argument); the
   child's stdout is our stderr, so nothing printed (a sitecustomize, an instrumentation, a library) is read
   as an answer. An answer is read with a size cap and checked for its shape.
@@ -53,6 +54,7 @@ from typing import Any, Callable, Sequence
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from autoscaler.blas import capped
 from policies.stages.forecast import FitUnavailable
 
 log = structlog.get_logger("autoscaler")
@@ -91,7 +93,7 @@ class _FitError(Exception):
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = capped(os.environ)  # one BLAS thread unless the user set a count: the fits are tiny (autoscaler.blas)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
 
