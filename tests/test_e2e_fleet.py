@@ -41,7 +41,7 @@ def _good():
         "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
         "drained_s": {TOP: [], MID: [600.0, 610.0], LOW: [1400.0, 1420.0]},
         "pooled_taken": [{"t_s": 500.0, "model": LOW, "placeholder": "p-0"}],
-        "first_needing_pool": {"model": LOW, "t_s": 480.0},
+        "first_needing_pool": {"models": [LOW], "t_s": 480.0},
         "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
     }
     timeline = [_row(1, 7, 5, 2), _row(12, 4, 3, 6), _row(16, 4, 3, 7), _row(23, 6, 3, 5), _row(30, 6, 3, 4),
@@ -125,9 +125,9 @@ def test_decisions_above_the_limit_fail():
     assert _breaks("budget", over) == {"budget"}
 
 
-@pytest.mark.parametrize("preempted,first", [([], {"model": LOW, "t_s": 480.0}),
+@pytest.mark.parametrize("preempted,first", [([], {"models": [LOW], "t_s": 480.0}),
                                              ([{"t_s": 500.0, "model": MID, "placeholder": "p-0"}],
-                                              {"model": LOW, "t_s": 480.0})])
+                                              {"models": [TOP, LOW], "t_s": 480.0})])
 def test_a_placeholder_never_taken_or_taken_by_another_model_fails(preempted, first):
     def other(doc, _, __):
         doc["pooled_taken"], doc["first_needing_pool"] = preempted, first
@@ -164,46 +164,100 @@ def test_preemptions_name_the_preemptor_model_from_the_event_in_time_order():
 
 
 def _full_node(name, *, gpus=1):
+    """A node up from the start whose GPUs a replica holds."""
     return {("node", name): {"name": name, "gpus": gpus, "created": STARTED, "gone": None},
             ("model", f"on-{name}"): {"namespace": "code", "node": name, "placed": STARTED, "created": STARTED,
                                       "gone": None, "gpus": gpus}}
 
 
-def _replica(ns, *, created, node=None, placed=None):
-    return {"namespace": ns, "created": STARTED + created, "gone": None, "gpus": 1, "node": node,
+def _free_node(name, *, created=0.0, disrupted=None):
+    return {("node", name): {"name": name, "gpus": 1, "created": STARTED + created, "gone": None,
+                             "disrupted": None if disrupted is None else STARTED + disrupted}}
+
+
+def _slot(name, *, node, ready=22.0, gone=None):
+    """A pooled placeholder on its own node, Ready at `ready`."""
+    return {("node", node): {"name": node, "gpus": 1, "created": STARTED, "gone": None},
+            ("placeholder", name): {"name": name, "namespace": "fleet-ops", "created": STARTED + 20,
+                                    "ready": STARTED + ready, "gone": None if gone is None else STARTED + gone,
+                                    "node": node, "placed": STARTED + 21, "gpus": 1}}
+
+
+def _replica(ns, *, created, node=None, placed=None, gpus=1):
+    return {"namespace": ns, "created": STARTED + created, "gone": None, "gpus": gpus, "node": node,
             "placed": None if placed is None else STARTED + placed}
 
 
-def test_the_first_model_to_need_a_slot_is_the_earliest_replica_created_after_it_with_no_free_room():
-    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
+def _first(lifetimes):
+    return first_needing_pool(lifetimes, FLEET.models, started=STARTED, factor=10.0)
+
+
+def test_the_first_model_to_need_a_slot_is_the_earliest_replica_created_while_one_is_ready_with_no_free_room():
+    """Two full nodes and a Ready slot on a third: chat's replica at 10 s came before the slot was Ready (it had
+    a node of its own, n-2), batch's at 50 s found no free GPU outside the pool, code's at 60 s came after."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="n-3", ready=40),
+                 ("node", "n-2"): {"name": "n-2", "gpus": 1, "created": STARTED, "gone": None},
                  ("model", "a"): _replica("chat", created=10, node="n-2", placed=11),
-                 ("model", "b"): _replica("batch", created=50, node="n-3", placed=51),
-                 ("model", "c"): _replica("code", created=60, node="n-3", placed=61),
-                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": None,
-                                        "node": "n-3", "placed": STARTED + 21, "gpus": 1}}
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": LOW, "t_s": 500.0}
-    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=None, started=STARTED, factor=10.0) == {}
-    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 99, started=STARTED, factor=10.0) == {}
+                 ("model", "b"): _replica("batch", created=50),
+                 ("model", "c"): _replica("code", created=60)}
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 500.0}
+    del lifetimes[("placeholder", "p")]
+    assert _first(lifetimes) == {}  # no slot: nobody needed the pool
 
 
 def test_a_replica_that_lands_on_a_free_node_did_not_need_the_pool():
     """Run 19: chat scaled first once the pool was Ready, onto the node its own drain had freed; its replica
     took no placeholder. The first model to NEED a slot is the next one created with no free room left."""
-    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
-                 ("node", "free"): {"name": "free", "gpus": 1, "created": STARTED, "gone": None},
-                 ("node", "pooled"): {"name": "pooled", "gpus": 1, "created": STARTED, "gone": None},
-                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": STARTED + 70,
-                                        "node": "pooled", "placed": STARTED + 21, "gpus": 1},
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_free_node("free"), **_slot("p", node="pooled"),
                  ("model", "chat-1"): _replica("chat", created=55, node="free", placed=56),
                  ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": LOW, "t_s": 650.0}
-    # two replicas created at once onto one free node: the second needs the pool
-    lifetimes[("model", "chat-2")] = _replica("chat", created=56.5)
-    lifetimes[("model", "chat-1")] = _replica("chat", created=55)
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": TOP, "t_s": 565.0}
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}
+
+
+def test_replicas_created_in_one_second_wait_for_each_other():
+    """A creationTimestamp is a whole second (10 scenario seconds here) and a fleet tick creates several
+    replicas at once: two of chat's in one second with one free node left, the second needed the pool."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_free_node("free"), **_slot("p", node="pooled"),
+                 ("model", "chat-1"): _replica("chat", created=55), ("model", "chat-2"): _replica("chat", created=55),
+                 ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+
+
+def test_models_that_scaled_in_the_same_second_all_needed_the_pool_first():
+    """chat (tier 0) and batch (tier 2) in one tick, no free room: either may have taken the slot first."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="pooled"),
+                 ("model", "batch-1"): _replica("batch", created=70), ("model", "chat-1"): _replica("chat", created=70)}
+    first = _first(lifetimes)
+    assert first == {"models": [TOP, LOW], "t_s": 700.0}
+
+    def taken_by(model):
+        def mutate(doc, _, __):
+            doc["first_needing_pool"] = first
+            doc["pooled_taken"] = [{"t_s": 705.0, "model": model, "placeholder": "p-0"}]
+        return mutate
+    assert _breaks("pooled", taken_by(MID)) == {"pooled"}
+    doc, timeline, records = _good()
+    taken_by(LOW)(doc, timeline, records)
+    assert _checks(doc, timeline, records)[NAMES["pooled"]]["passed"]
+
+
+def test_a_slot_withdrawn_before_the_replica_came_was_not_needed():
+    """The only placeholder went at 30 s (the pool shrank to nothing) and its node at 40 s: a replica at 60 s
+    with no free room waited for a node; no Ready slot was there to need."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="n-2", gone=30),
+                 ("model", "chat-1"): _replica("chat", created=60)}
+    lifetimes[("node", "n-2")]["gone"] = STARTED + 40
+    assert _first(lifetimes) == {}
+
+
+def test_a_node_being_removed_is_no_free_room():
+    """Karpenter taints a node it disrupts: the scheduler places nothing there, so a replica created then
+    found no free room outside the pool although the Node object was still up."""
+    lifetimes = {**_full_node("n-0"), **_free_node("leaving", disrupted=50), **_slot("p", node="pooled"),
+                 ("model", "chat-1"): _replica("chat", created=55)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+    lifetimes[("node", "leaving")]["disrupted"] = None
+    assert _first(lifetimes) == {}
 
 
 def test_the_smoke_run_fails_when_a_model_is_never_served():
@@ -231,11 +285,11 @@ def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_
         ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "placed": STARTED + 9,
                                 "ready": None, "gone": STARTED + 60},  # never Ready: no warm slot to take
         # before the slot
-        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1, "created": STARTED + 0},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51, "created": STARTED + 50},
+        ("model", "old"): _replica("code", created=0, node="n-1", placed=1),
+        ("model", "b"): _replica("batch", created=50, node="n-1", placed=51),
         # preempted it
-        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59, "created": STARTED + 58},
-        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61, "created": STARTED + 60},
+        ("model", "c"): _replica("chat", created=58, node="n-2", placed=59),
+        ("model", "x"): _replica("chat", created=60, node="n-3", placed=61),
     }
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
                "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
@@ -251,7 +305,7 @@ def test_a_placeholder_withdrawn_and_refilled_on_its_node_was_not_taken_by_the_m
                                 "ready": STARTED + 10, "gone": STARTED + 55},
         ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 63,
                                 "ready": STARTED + 64, "gone": STARTED + 65},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 65, "created": STARTED + 64},
+        ("model", "b"): _replica("batch", created=64, node="n-1", placed=65),
     }
     taken = pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-1", 650.0)]
@@ -314,9 +368,21 @@ def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replic
     lifetimes = {
         ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 49,
                                 "ready": STARTED + 51, "gone": STARTED + 59.7},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 64.9, "created": STARTED + 64.9},
+        ("model", "b"): _replica("batch", created=64, node="n-1", placed=64.9),
     }
     assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
     lifetimes[("model", "b")]["created"] = STARTED + 60  # created as the slot went (the same tick)
     assert [p["placeholder"] for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
             ] == ["p-0"]
+
+
+def test_a_placeholder_scaled_down_while_free_room_was_left_elsewhere_was_not_taken():
+    """The pool shrank (its need dropped) in the second chat scaled; a free node was left outside the pool, and
+    the scheduler happened to place chat's replica on the placeholder's node: the replica did not need it.
+    With no free node elsewhere, the same handover is a take."""
+    lifetimes = {**_full_node("n-0"), **_free_node("free"), **_slot("p-0", node="pooled", gone=70),
+                 ("model", "chat-1"): _replica("chat", created=70, node="pooled", placed=70.5)}
+    assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
+    del lifetimes[("node", "free")]
+    assert [(p["model"], p["placeholder"]) for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED,
+                                                                  factor=10.0)] == [(TOP, "p-0")]
