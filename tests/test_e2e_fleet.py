@@ -386,3 +386,45 @@ def test_a_placeholder_scaled_down_while_free_room_was_left_elsewhere_was_not_ta
     del lifetimes[("node", "free")]
     assert [(p["model"], p["placeholder"]) for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED,
                                                                   factor=10.0)] == [(TOP, "p-0")]
+
+
+class _ControlPlane:
+    """The API paths the fleet sampler reads, answered from dicts."""
+
+    def __init__(self, pods, nodes):
+        self.pods, self.nodes = pods, nodes
+
+    def request(self, method, path):
+        if path.startswith("/api/v1/nodes"):
+            return 200, {"items": self.nodes}
+        if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
+            ns = path.split("/")[4]
+            return 200, {"items": [p for p in self.pods if p["metadata"]["namespace"] == ns]}
+        return 404, {}
+
+
+def test_the_sampler_reads_each_pods_gpus_from_its_requests_and_when_a_node_started_leaving():
+    from loadtest.e2e.fleetstack import FleetStack
+
+    def pod(name, ns, gpus, app):
+        return {"metadata": {"name": name, "namespace": ns, "uid": name, "labels": {"app": app},
+                             "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus), "cpu": "4"}}}]}}
+
+    def node(name, taints=()):
+        return {"metadata": {"name": name, "uid": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"taints": list(taints)}, "status": {"capacity": {"nvidia.com/gpu": "2"}}}
+
+    chat = FLEET.models[0]
+    cp = _ControlPlane([pod("c", chat.namespace, 2, chat.name), pod("w", "fleet-ops", 1, "warm")],
+                       [node("n-0"), node("n-1")])
+    st = FleetStack(config=replace(E2EConfig(), **FLEET.config), models=FLEET.models, cp=cp, karpenter=None,
+                    controller=None, gateway_url="", work=None)
+    seen = set()
+    st._pods(1.0, seen)
+    st._nodes(1.0, seen)
+    cp.nodes[1]["spec"]["taints"] = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]
+    st._nodes(2.0, seen)
+    st._nodes(3.0, seen)
+    assert st.lifetimes[("model", "c")]["gpus"] == 2 and st.lifetimes[("placeholder", "w")]["gpus"] == 1
+    assert st.lifetimes[("node", "n-0")]["disrupted"] is None and st.lifetimes[("node", "n-1")]["disrupted"] == 2.0
