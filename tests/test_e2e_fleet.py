@@ -428,3 +428,50 @@ def test_the_sampler_reads_each_pods_gpus_from_its_requests_and_when_a_node_star
     st._nodes(3.0, seen)
     assert st.lifetimes[("model", "c")]["gpus"] == 2 and st.lifetimes[("placeholder", "w")]["gpus"] == 1
     assert st.lifetimes[("node", "n-0")]["disrupted"] is None and st.lifetimes[("node", "n-1")]["disrupted"] == 2.0
+
+
+def test_a_runs_own_output_carries_what_traces_its_pooled_attribution(tmp_path):
+    """result.json names scenario second 0 on the wall clock, and the Events are written beside the lifetimes:
+    the trace recomputes the run's attribution from the folder alone."""
+    from loadtest.e2e.fleetrun import write_outputs
+    from loadtest.e2e.fleettrace import trace
+    lifetimes = {**_full_node("n-0"), **_slot("p-0", node="pooled", gone=70.2),
+                 ("model", "chat-1"): _replica("chat", created=70, node="pooled", placed=70.5)}
+    events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-9"},
+               "related": {"namespace": "batch"}, "eventTime": _stamp(900.0)}]
+    doc = {"scenario": "fleet", "factor": 10.0, "started_unix_s": STARTED,
+           "pooled_taken": pooled_taken(events, lifetimes, FLEET.models, started=STARTED, factor=10.0),
+           "first_needing_pool": _first(lifetimes)}
+    write_outputs(tmp_path, doc=doc, timeline=[], lifetimes=lifetimes, events=events)
+    traced = trace(tmp_path)["pooled"]
+    assert [p["placeholder"] for p in traced["pooled_taken"]] == ["p-0", "p-9"] == [
+        p["placeholder"] for p in doc["pooled_taken"]]
+    assert traced["first_needing_pool"] == doc["first_needing_pool"] == {"models": [TOP], "t_s": 700.0}
+    assert traced["passed"]
+
+
+def test_an_older_run_is_placed_by_the_samples_that_stamped_its_pods_ready():
+    from loadtest.e2e.fleettrace import started_from_samples
+    started = STARTED + 0.123456
+    timeline = [{"t_s": (started + dt - started) * 10.0} for dt in (0.5, 1.13, 1.71, 2.29)]
+    lifetimes = {("model", "a"): {"ready": started + 1.13}, ("model", "b"): {"ready": started + 2.29},
+                 ("placeholder", "c"): {"ready": None}, ("node", "n"): {"ready": started + 0.5}}
+    assert started_from_samples(lifetimes, timeline, factor=10.0) == round(started, 6)
+    assert started_from_samples({("model", "a"): {"ready": started + 1.13}}, timeline, factor=10.0) is None
+
+
+def test_the_trace_finds_each_late_critical_request_with_what_was_in_flight_and_queued_when_it_came():
+    from loadtest.e2e.fleettrace import late_requests
+
+    def rec(sent, cls="standard", queue=0.0, latency=30.0, status=200):
+        return {"class": cls, "sent_s": sent, "queue_s": queue, "latency_s": latency, "status": status}
+    timeline = [{"t_s": 0.0, "models": {TOP: {"pods": {"ready": 1}}}},
+                {"t_s": 50.0, "models": {TOP: {"pods": {"ready": 2}}}}]
+    records = [rec(1.0), rec(2.0), rec(9.0, queue=3.0), rec(9.5, cls="sheddable", queue=4.0),
+               rec(10.0, cls="critical", queue=2.5), rec(11.0, cls="critical", queue=1.0),  # within the SLO
+               rec(12.0, status=429, queue=None, latency=0.01), rec(60.0, cls="critical", queue=2.1, latency=5.0)]
+    late = late_requests(records, timeline, key=TOP, slo_s=2.0, concurrency=2)
+    assert late == [
+        {"sent_min": round(10 / 60, 3), "wait_s": 2.5, "in_flight": 5, "ready_replicas": 1, "slots": 2,
+         "queued_ahead": {"sheddable": 1, "standard": 1}},
+        {"sent_min": 1.0, "wait_s": 2.1, "in_flight": 1, "ready_replicas": 2, "slots": 4, "queued_ahead": {}}]

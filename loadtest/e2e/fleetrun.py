@@ -2,13 +2,14 @@
 (`loadtest.e2e.fleetstack`), one load generator per model sending that model's requests through the one
 gateway, per-model and fleet figures, the simulated twin (`loadtest.e2e.fleettwin`), and the checks.
 
-result.json: `models` (per model: tier, requests, `slo_attainment` and `shed_fraction` by class, lost
-requests, `gpu_hours` of its pods, the replicas seen, its twin's figures), `fleet` (requests, lost, GPU-hours
-of the nodes and by use, the most GPUs held, the twin's GPU-hours), `drained_s` (when each model's replicas
-drained), `pooled_taken` (which model's replica took a pooled placeholder, when), `first_needing_pool` (the
-models of the first creation second whose replicas, while a pooled slot was Ready, found too few free GPUs
-outside the pool), `sim_gap` and the
-checks. lifetimes.jsonl: every pod's, node's and claim's lifetime (wall clock).
+result.json: `started_unix_s` (the wall clock of scenario second 0) and `factor`; `models` (per model: tier,
+requests, `slo_attainment` and `shed_fraction` by class, lost requests, `gpu_hours` of its pods, the replicas
+seen, its twin's figures); `fleet` (requests, lost, GPU-hours of the nodes and by use, the most GPUs held, the
+twin's GPU-hours); `drained_s` (when each model's replicas drained); `pooled_taken` (which model's replica took
+a pooled placeholder, when); `first_needing_pool` (the models of the first creation second whose replicas,
+while a pooled slot was Ready, found too few free GPUs outside the pool); `sim_gap` and the checks.
+lifetimes.jsonl: every pod's, node's and claim's lifetime; events.jsonl: the models' and the pool's
+namespaces' Events (both wall clock; `loadtest.e2e.fleettrace` reads them back).
 """
 
 from __future__ import annotations
@@ -231,7 +232,10 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                                        config=config, start=start_at, end=end, twin=twin) for m in models}
     cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)
     doc = {
-        "scenario": name, "factor": factor, "gpu_limit": config.gpu_limit, "initial_replicas": initial,
+        # the wall clock of scenario second 0: lifetimes.jsonl and events.jsonl are wall clock, t_s = (wall -
+        # started_unix_s) * factor
+        "scenario": name, "factor": factor, "started_unix_s": start_at, "gpu_limit": config.gpu_limit,
+        "initial_replicas": initial,
         "models": per_model,
         "fleet": {"requests": sum(x["requests"] for x in per_model.values()),
                   "lost_requests": sum(x["lost_requests"] for x in per_model.values()),
@@ -252,9 +256,15 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                            sim=twin, windows=scenario.windows)
     doc["checks"] = scenario.check(context)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
+    write_outputs(out, doc=doc, timeline=timeline, lifetimes=lifetimes, events=events)
+    return doc
+
+
+def write_outputs(out: Path, *, doc: dict, timeline: list[dict], lifetimes: dict, events: list[dict]) -> None:
+    """result.json, timeline.jsonl, and every pod's, node's and claim's lifetime and the namespaces' Events (wall
+    clock), so the pooled attribution can be traced afterwards (`python -m loadtest.e2e.fleettrace`)."""
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
-    # every pod's, node's and claim's lifetime (wall clock), so the pooled attribution can be traced afterwards
     (out / "lifetimes.jsonl").write_text("".join(json.dumps({"kind": kind, "uid": uid, **life}) + "\n"
                                                  for (kind, uid), life in lifetimes.items()))
+    (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (out / "result.json").write_text(json.dumps(doc, indent=2))
-    return doc
