@@ -475,3 +475,32 @@ def test_the_trace_finds_each_late_critical_request_with_what_was_in_flight_and_
         {"sent_min": round(10 / 60, 3), "wait_s": 2.5, "in_flight": 5, "ready_replicas": 1, "slots": 2,
          "queued_ahead": {"sheddable": 1, "standard": 1}},
         {"sent_min": 1.0, "wait_s": 2.1, "in_flight": 1, "ready_replicas": 2, "slots": 4, "queued_ahead": {}}]
+
+
+def test_the_fleet_benchmark_builds_its_servers_from_the_whole_config_as_the_single_model_one_does():
+    """The fleet's simulated servers honour the config's hold, service-by-completion and Ready-seen tick
+    (they had drifted from the single-model simulator's: built without them)."""
+    config = replace(E2EConfig(), **FLEET.config)
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    sim_config = replace(config.sim_config(), max_hold_s=90.0, service_by_completion=True, ready_seen_every_s=15.0)
+    members = fleettwin._members(FLEET.models, workloads, sim_config, config.spec())
+    fleetbench._reset(members, "fleet", {m.key: 1 for m in FLEET.models})
+    assert {(m.sim.max_hold_s, m.sim.service_by_completion, m.sim.ready_seen_every_s) for m in members} == {
+        (90.0, True, 15.0)}
+
+
+def test_server_priority_on_a_rate_trace_is_refused_by_both_benchmarks():
+    import numpy as np
+    from autoscaler.sim.run import SimConfig
+    from autoscaler.sim.workload import RateWorkload
+    workload = RateWorkload(name="r", scale=1.0, window_s=600.0, rate_per_s=np.array([1.0, 1.0]),
+                            client_rate_per_s=np.ones((1, 2)), client_cv2=np.full((1, 2), 1e-6),
+                            service_s=np.full(2, 1.0), output_tokens=np.zeros(2), priority_mix=(1.0, 0.0, 0.0),
+                            span_s=1200.0)
+    member = fleetbench.Model("r", 0, 1.0, workload, SimConfig(server_priority=True), np.ones(2, dtype=int),
+                              E2EConfig().spec())
+    with pytest.raises(ValueError, match="server priority is modelled only for request traces"):
+        fleetbench._reset([member], "fleet", {"r": 1})
+    member.config = SimConfig(max_hold_s=300.0)
+    fleetbench._reset([member], "fleet", {"r": 1})
+    assert member.sim.holds is not None  # a rate trace's hold too
