@@ -3,6 +3,7 @@ hand-made runs: runs nothing live (`make e2e` runs the scenario). Each check is 
 breaks what it checks."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -277,15 +278,18 @@ def test_the_smoke_run_fails_when_a_model_is_never_served():
 
 
 def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_on_its_node():
+    """Three 1-GPU nodes, each with a placeholder and nothing free elsewhere: every replica placed on a Ready
+    placeholder's node as it went needed it."""
     lifetimes = {
+        **{("node", n): {"name": n, "gpus": 1, "created": STARTED, "gone": None} for n in ("n-1", "n-2", "n-3")},
         ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 9,
-                                "ready": STARTED + 10, "gone": STARTED + 50},
+                                "ready": STARTED + 10, "gone": STARTED + 50, "gpus": 1},
         ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-2", "placed": STARTED + 9,
-                                "ready": STARTED + 10, "gone": STARTED + 60},
+                                "ready": STARTED + 10, "gone": STARTED + 60, "gpus": 1},
         ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "placed": STARTED + 9,
-                                "ready": None, "gone": STARTED + 60},  # never Ready: no warm slot to take
-        # before the slot
-        ("model", "old"): _replica("code", created=0, node="n-1", placed=1),
+                                "ready": None, "gone": STARTED + 60, "gpus": 1},  # never Ready: no warm slot to take
+        # on n-1 before the slot, gone before the placeholder came: not the slot's taker
+        ("model", "old"): {**_replica("code", created=0, node="n-1", placed=1), "gone": STARTED + 5},
         ("model", "b"): _replica("batch", created=50, node="n-1", placed=51),
         # preempted it
         ("model", "c"): _replica("chat", created=58, node="n-2", placed=59),
@@ -355,11 +359,22 @@ def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
 def test_the_fleet_scenario_runs_priority_servers_and_its_twin_serves_the_same_order():
     """Every model's servers run vLLM's priority scheduling and the load generator sends the class's
     priority (a fcfs server would refuse it); the twin's simulated servers serve critical first too."""
+    from loadtest import fleet, loadgen
+    from loadtest.e2e.fleetrun import loadgen_command
+    from loadtest.e2e.fleetstack import model_servers_command
     config = replace(E2EConfig(), **FLEET.config)
-    assert config.server_args() == ["--scheduling-policy", "priority"]
-    assert config.loadgen_args() == ["--priority-in-body"]
     assert config.sim_config().server_priority
-    assert E2EConfig().server_args() == ["--scheduling-policy", "fcfs"] and E2EConfig().loadgen_args() == []
+    for m in FLEET.models:
+        servers = model_servers_command(config, m, Path("w"), kubeconfig="k", nginx_pid=Path("n.pid"))
+        sends = loadgen_command(config, m, Path("o"), url="http://gw", start_at=1.0)
+        assert servers[1:3] == ["-m", "loadtest.fleet"] and sends[1:3] == ["-m", "loadtest.loadgen"]
+        assert fleet.parse_args(servers[3:]).scheduling_policy == "priority"
+        args = loadgen.parse_args(sends[3:])
+        assert args.priority_in_body and args.model == m.key
+    plain = model_servers_command(E2EConfig(), m, Path("w"), kubeconfig="k", nginx_pid=Path("n.pid"))
+    assert fleet.parse_args(plain[3:]).scheduling_policy == "fcfs"
+    sends = loadgen_command(E2EConfig(), m, Path("o"), url="u", start_at=1.0)
+    assert not loadgen.parse_args(sends[3:]).priority_in_body
 
 
 def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replica_that_came_later():

@@ -35,13 +35,18 @@ SAMPLE_EVERY_S = 0.5  # wall clock
 CREATED_RESOLUTION_S = 1.0  # wall clock: a creationTimestamp is whole seconds
 
 
-def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
+def loadgen_command(config: E2EConfig, model, out: Path, *, url: str, start_at: float) -> list[str]:
+    """The command line of the model's load generator (`python -m loadtest.loadgen`), the config's load
+    generator arguments (the priority in the body) included."""
     ns = model.namespace
-    return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url",
-         st.gateway_url, "--factor", str(st.config.factor), "--out", str(out / f"records-{ns}.jsonl"),
-         "--start-at", str(start_at), "--model", model.key, *st.config.loadgen_args()],
-        stdout=(out / f"loadgen-{ns}.log").open("w"), stderr=subprocess.STDOUT)
+    return [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url", url,
+            "--factor", str(config.factor), "--out", str(out / f"records-{ns}.jsonl"), "--start-at", str(start_at),
+            "--model", model.key, *config.loadgen_args()]
+
+
+def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
+    return subprocess.Popen(loadgen_command(st.config, model, out, url=st.gateway_url, start_at=start_at),
+                            stdout=(out / f"loadgen-{model.namespace}.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def _read_jsonl(path: Path, **tag) -> list[dict]:

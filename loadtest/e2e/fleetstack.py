@@ -220,19 +220,25 @@ class FleetStack:
         return [e for ns in namespaces for e in self._get(f"/api/v1/namespaces/{ns}/events").get("items", [])]
 
 
+def model_servers_command(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str,
+                          nginx_pid: Path) -> list[str]:
+    """The command line of the model's fake vLLM servers (`python -m loadtest.fleet`), the config's server
+    arguments (its scheduling policy) included."""
+    f, ns = config.factor, model.namespace
+    return [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
+            "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
+            "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
+            "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
+            "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
+            "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
+            *config.server_args()]
+
+
 def _model_servers(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str, nginx_pid: Path
                    ) -> subprocess.Popen:
     """The model's fake vLLM servers, one per Ready pod, with its own upstream list and file_sd targets."""
-    f, ns = config.factor, model.namespace
-    return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
-         "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
-         "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
-         "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
-         "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
-         "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
-         *config.server_args()],
-        stdout=(work / f"fleet-{ns}.log").open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(model_servers_command(config, model, work, kubeconfig=kubeconfig, nginx_pid=nginx_pid),
+                            stdout=(work / f"fleet-{model.namespace}.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def _serving(path: Path) -> int:
