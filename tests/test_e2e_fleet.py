@@ -463,6 +463,8 @@ def test_a_runs_own_output_carries_what_traces_its_pooled_attribution(tmp_path):
         p["placeholder"] for p in doc["pooled_taken"]]
     assert traced["first_needing_pool"] == doc["first_needing_pool"] == {"models": [TOP], "t_s": 700.0}
     assert traced["passed"]
+    assert traced["placeholders"] == [{"name": "p-0", "ready_s": 220.0, "gone_s": 702.0, "next_pod": {
+        "kind": "model", "namespace": "chat", "created_s": 700.0, "placed_s": 705.0}}]
 
 
 def test_an_older_run_is_placed_by_the_samples_that_stamped_its_pods_ready():

@@ -1,7 +1,8 @@
 """Trace a fleet run from its own output: `python -m loadtest.e2e.fleettrace OUT [--started UNIX_S]`, OUT being
 the folder `python -m loadtest.e2e --scenario fleet --out DIR` wrote (DIR/fleet).
 
-It prints (1) the pooled placeholders' attribution recomputed from `lifetimes.jsonl` and `events.jsonl` with
+It prints (1) each pooled placeholder that was Ready (when, when it went, the next pod placed on its node) and
+the attribution recomputed from `lifetimes.jsonl` and `events.jsonl` with
 the current rules (`loadtest.e2e.fleetrun`: `pooled_taken`, `first_needing_pool`) and the check's verdict on
 them, and (2) every critical request that waited past the SLO, per model: when it was sent, how long it
 waited, the model's requests in flight then (itself included) against its Ready replicas' slots, and the
@@ -52,14 +53,34 @@ def started_from_samples(lifetimes: dict, timeline: list[dict], *, factor: float
     return started if count > 1 else None
 
 
+def placeholders(lifetimes: dict, *, started: float, factor: float) -> list[dict]:
+    """Each pooled placeholder that was Ready (scenario seconds) and the next pod placed on its node after it."""
+    def t(wall: float | None) -> float | None:
+        return None if wall is None else round((wall - started) * factor, 1)
+    pods = sorted((life["placed"], kind, life.get("namespace"), life.get("created"), uid)
+                  for (kind, uid), life in lifetimes.items() if kind in ("model", "placeholder") and life.get("node"))
+    out = []
+    for (kind, uid), slot in lifetimes.items():
+        if kind != "placeholder" or slot.get("ready") is None or not slot.get("node"):
+            continue
+        nxt = next(((placed, k, ns, created) for placed, k, ns, created, other in pods
+                    if other != uid and placed >= slot["ready"] and lifetimes[(k, other)]["node"] == slot["node"]),
+                   None)
+        out.append({"name": slot["name"], "ready_s": t(slot["ready"]), "gone_s": t(slot["gone"]),
+                    "next_pod": None if nxt is None else {"kind": nxt[1], "namespace": nxt[2],
+                                                          "created_s": t(nxt[3]), "placed_s": t(nxt[0])}})
+    return sorted(out, key=lambda p: p["ready_s"])
+
+
 def pooled(doc: dict, lifetimes: dict, events: list[dict], *, started: float) -> dict:
-    """The attribution with the current rules, and whether the check passes on it."""
+    """The attribution with the current rules, whether the check passes on it, and the placeholders traced."""
     models = SCENARIOS[doc["scenario"]].models
     factor = doc["factor"]
     taken = pooled_taken(events, lifetimes, models, started=started, factor=factor)
     first = first_needing_pool(lifetimes, models, started=started, factor=factor)
     return {"pooled_taken": taken, "first_needing_pool": first,
-            "passed": bool(taken) and taken[0]["model"] in first.get("models", [])}
+            "passed": bool(taken) and taken[0]["model"] in first.get("models", []),
+            "placeholders": placeholders(lifetimes, started=started, factor=factor)}
 
 
 def _slots_at(timeline: list[dict], key: str, t_s: float, *, concurrency: int) -> tuple[int, int]:
@@ -107,8 +128,13 @@ def render(result: dict) -> str:
     if p is None:
         lines = ["no lifetimes.jsonl: the pooled attribution cannot be recomputed"]
     else:
-        lines = [f"scenario second 0 at {result['started_unix_s']:.6f} (unix s)",
-                 f"pooled placeholders taken ({len(p['pooled_taken'])}):"]
+        lines = [f"scenario second 0 at {result['started_unix_s']:.6f} (unix s)", "pooled placeholders Ready "
+                 "(scenario s: Ready, gone; the next pod placed on the node: kind, namespace, created, placed):"]
+        for x in p["placeholders"]:
+            n = x["next_pod"]
+            lines.append(f"  {x['name']}  {x['ready_s']}, {x['gone_s']}; " + (
+                "none" if n is None else f"{n['kind']} {n['namespace']} {n['created_s']}, {n['placed_s']}"))
+        lines.append(f"pooled placeholders taken ({len(p['pooled_taken'])}):")
         lines += [f"  {x['t_s']} s  {x['model']}  {x['placeholder']}" for x in p["pooled_taken"]]
         first = p["first_needing_pool"]
         lines.append(f"first needing the pool: {first.get('models')} at {first.get('t_s')} s; check "
