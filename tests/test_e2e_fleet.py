@@ -418,7 +418,7 @@ class _ControlPlane:
         return 404, {}
 
 
-def test_the_sampler_reads_each_pods_gpus_from_its_requests_and_when_a_node_started_leaving():
+def test_the_sampler_reads_each_pods_gpus_when_a_node_started_leaving_and_when_a_pod_vanished():
     from loadtest.e2e.fleetstack import FleetStack
 
     def pod(name, ns, gpus, app):
@@ -443,6 +443,16 @@ def test_the_sampler_reads_each_pods_gpus_from_its_requests_and_when_a_node_star
     st._nodes(3.0, seen)
     assert st.lifetimes[("model", "c")]["gpus"] == 2 and st.lifetimes[("placeholder", "w")]["gpus"] == 1
     assert st.lifetimes[("node", "n-0")]["disrupted"] is None and st.lifetimes[("node", "n-1")]["disrupted"] == 2.0
+    cp.pods[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"  # chat's replica drains...
+    seen = set()
+    st._pods(4.0, seen)
+    st._unseen(4.0, seen)
+    cp.pods = cp.pods[1:]  # ...and is gone from the API server
+    for now in (5.0, 6.0):
+        seen = set()
+        st._pods(now, seen)
+        st._unseen(now, seen)
+    assert (st.lifetimes[("model", "c")]["gone"], st.lifetimes[("model", "c")]["vanished"]) == (4.0, 5.0)
 
 
 def test_a_runs_own_output_carries_what_traces_its_pooled_attribution(tmp_path):
@@ -521,3 +531,16 @@ def test_server_priority_on_a_rate_trace_is_refused_by_both_benchmarks():
     member.config = SimConfig(max_hold_s=300.0)
     fleetbench._reset([member], "fleet", {"r": 1})
     assert member.sim.holds is not None  # a rate trace's hold too
+
+
+def test_a_draining_replica_holds_its_gpu_until_it_vanishes():
+    """chat's old replica on the only free node was being deleted from 54 s (its drain, a grace period) and
+    vanished at 58 s: chat's new replica at 55 s found no free GPU there and needed the pool."""
+    lifetimes = {**_full_node("n-0"), **_free_node("free"), **_slot("p", node="pooled"),
+                 ("model", "old"): {**_replica("chat", created=0, node="free", placed=0), "gone": STARTED + 54,
+                                    "vanished": STARTED + 58},
+                 ("model", "chat-1"): _replica("chat", created=55),
+                 ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+    lifetimes[("model", "old")]["vanished"] = STARTED + 54.5
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}

@@ -86,6 +86,13 @@ def _alive(life: dict, since: str, at: float) -> bool:
     return life.get(since) is not None and life[since] <= at and (life["gone"] is None or life["gone"] > at)
 
 
+def _holds(pod: dict, at: float) -> bool:
+    """The pod holds its node's GPUs at `at`: placed, and not yet vanished (a draining pod holds them through
+    its grace period, after its deletion was seen; a run without `vanished` falls back to `gone`)."""
+    until = pod.get("vanished") or pod["gone"]
+    return pod.get("placed") is not None and pod["placed"] <= at and (until is None or until > at)
+
+
 def _free_gpus(lifetimes: dict, at: float, *, outside: frozenset = frozenset()) -> int:
     """GPUs of the nodes up and schedulable at `at` (not in `outside`, not yet disrupted: Karpenter taints a node
     it removes) that no pod (a model's replica or a placeholder) holds, less those the model replicas created
@@ -95,7 +102,7 @@ def _free_gpus(lifetimes: dict, at: float, *, outside: frozenset = frozenset()) 
              if kind == "node" and _alive(life, "created", at) and life["name"] not in outside
              and (life.get("disrupted") is None or life["disrupted"] > at)}
     held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
-               if kind in ("model", "placeholder") and life.get("node") in nodes and _alive(life, "placed", at))
+               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(life, at))
     waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
                   if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
                   and (life.get("placed") is None or life["placed"] > at))

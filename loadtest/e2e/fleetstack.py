@@ -137,7 +137,8 @@ class FleetStack:
     started: float = 0.0
     # (kind, uid) -> {"created", "ready", "gone", "gpus", "name", "namespace", ...}; kind: model, placeholder,
     # node, claim (as `Stack.lifetimes`; a model pod's `namespace` names its model; a pod's `gpus` from its
-    # requests; a node's `disrupted`: when it was first seen leaving)
+    # requests; a node's `disrupted`: when it was first seen leaving; `gone`: when its deletion was first seen,
+    # `vanished`: when the API server no longer listed it)
     lifetimes: dict = field(default_factory=dict)
 
     @property
@@ -194,14 +195,20 @@ class FleetStack:
             self._life(("claim", claim["metadata"]["uid"]), claim["metadata"], gpus=self.config.node_shape.gpus)
         return len(nodes)
 
+    def _unseen(self, now: float, seen: set) -> None:
+        for key, life in self.lifetimes.items():
+            if key not in seen:
+                if life["gone"] is None:
+                    life["gone"] = now
+                # `gone` is when its deletion was first seen; a pod holds its GPUs through its grace period
+                life.setdefault("vanished", now)
+
     def sample(self) -> dict:
         now = time.time()
         seen: set = set()
         pods, pooled = self._pods(now, seen)
         nodes = self._nodes(now, seen)
-        for key, life in self.lifetimes.items():
-            if key not in seen and life["gone"] is None:
-                life["gone"] = now
+        self._unseen(now, seen)
         metrics = self.controller.metrics()
         models = {}
         for m in self.models:
