@@ -544,3 +544,14 @@ def test_a_draining_replica_holds_its_gpu_until_it_vanishes():
     assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
     lifetimes[("model", "old")]["vanished"] = STARTED + 54.5
     assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}
+
+
+def test_a_free_gpu_beside_a_placeholder_on_its_node_is_free_room():
+    """Outside the pool means outside the placeholders' GPUs, not their nodes: on a 2-GPU node with one
+    placeholder, chat's replica fits in the other GPU and needs no slot; with both GPUs held it does."""
+    lifetimes = {**_full_node("n-0"), **_slot("p", node="n-2"),
+                 ("model", "chat-1"): _replica("chat", created=55)}
+    lifetimes[("node", "n-2")]["gpus"] = 2
+    assert _first(lifetimes) == {}
+    lifetimes[("model", "code-1")] = _replica("code", created=30, node="n-2", placed=31)
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}

@@ -86,52 +86,53 @@ def _alive(life: dict, since: str, at: float) -> bool:
     return life.get(since) is not None and life[since] <= at and (life["gone"] is None or life["gone"] > at)
 
 
-def _holds(pod: dict, at: float) -> bool:
+def _holds(kind: str, pod: dict, at: float) -> bool:
     """The pod holds its node's GPUs at `at`: placed, and not yet vanished (a draining pod holds them through
-    its grace period, after its deletion was seen; a run without `vanished` falls back to `gone`)."""
+    its grace period, after its deletion was seen; a run without `vanished` falls back to `gone`). A Ready
+    placeholder holds them a creationTimestamp's resolution longer: withdrawn in the tick a model grows, it goes
+    a moment before that model's replica is created, for that replica."""
     until = pod.get("vanished") or pod["gone"]
+    if until is not None and kind == "placeholder" and pod.get("ready") is not None:
+        until += CREATED_RESOLUTION_S
     return pod.get("placed") is not None and pod["placed"] <= at and (until is None or until > at)
 
 
-def _free_gpus(lifetimes: dict, at: float, *, outside: frozenset = frozenset()) -> int:
-    """GPUs of the nodes up and schedulable at `at` (not in `outside`, not yet disrupted: Karpenter taints a node
-    it removes) that no pod (a model's replica or a placeholder) holds, less those the model replicas created
-    before `at` and not yet placed will take (the scheduler gives a pending pod free room before it preempts a
-    placeholder)."""
+def _free_gpus(lifetimes: dict, at: float) -> int:
+    """GPUs of the nodes up and schedulable at `at` (not yet disrupted: Karpenter taints a node it removes) that
+    no pod (a model's replica or a placeholder) holds, less those the model replicas created before `at` and not
+    yet placed will take (the scheduler gives a pending pod free room before it preempts a placeholder)."""
     nodes = {life["name"]: life["gpus"] for (kind, _), life in lifetimes.items()
-             if kind == "node" and _alive(life, "created", at) and life["name"] not in outside
+             if kind == "node" and _alive(life, "created", at)
              and (life.get("disrupted") is None or life["disrupted"] > at)}
     held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
-               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(life, at))
+               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(kind, life, at))
     waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
                   if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
                   and (life.get("placed") is None or life["placed"] > at))
     return sum(nodes.values()) - held - waiting
 
 
-def _second_needs_pool(lifetimes: dict, at: float, *, outside: frozenset) -> bool:
-    """The model replicas created in the (whole) second `at` do not all fit in the free GPUs outside the pool's
-    nodes: one of them needed a pooled slot. A creationTimestamp does not order replicas within its second (a
-    fleet tick creates several), so each counts the others as waiting: the verdict is the same in any order."""
+def _second_needs_pool(lifetimes: dict, at: float) -> bool:
+    """The model replicas created in the (whole) second `at` do not all fit in the free GPUs, the pooled
+    placeholders' held: one of them needed a pooled slot. A creationTimestamp does not order replicas within its
+    second (a fleet tick creates several), so each counts the others as waiting: the verdict is the same in any
+    order."""
     created = sum(life["gpus"] for (kind, _), life in lifetimes.items()
                   if kind == "model" and life["created"] == at and (life["gone"] is None or life["gone"] > at))
-    return _free_gpus(lifetimes, at, outside=outside) < created
+    return _free_gpus(lifetimes, at) < created
 
 
-def _warm_nodes(lifetimes: dict, at: float) -> frozenset:
-    """Nodes of the pooled placeholders Ready in the second `at` and not gone before it (a placeholder withdrawn
-    in the tick a model grows goes a moment before that model's replica is created)."""
-    return frozenset(life["node"] for (kind, _), life in lifetimes.items()
-                     if kind == "placeholder" and life.get("node") and life["ready"] is not None
-                     and life["ready"] < at + CREATED_RESOLUTION_S
-                     and (life["gone"] is None or life["gone"] + CREATED_RESOLUTION_S > at))
+def _slot_ready(lifetimes: dict, at: float) -> bool:
+    """A pooled placeholder was Ready in the second `at` and still held its GPUs (`_holds`)."""
+    return any(kind == "placeholder" and life["ready"] is not None and life["ready"] < at + CREATED_RESOLUTION_S
+               and _holds(kind, life, at) for (kind, _), life in lifetimes.items())
 
 
 def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
     """Pooled placeholders whose node a model's replica took as they went (the pool shrinks in the tick a model
     grows into it, or the scheduler preempts one for a pending replica): per placeholder, the next pod placed on
     its node, if that is a model's replica created by the time the placeholder went whose creation second found
-    no free GPU outside that node (`first_needing_pool`'s test). A node the placeholder left to a refill
+    too few free GPUs outside the pool (`first_needing_pool`'s test). A node the placeholder left to a refill
     placeholder (run 19), that sat free until a later replica came (run 20: 52 s), or that the scheduler chose
     while free room was left elsewhere (a placeholder only scaled down) was not handed to a model."""
     by_namespace = {m.namespace: m.key for m in models}
@@ -145,7 +146,7 @@ def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list
         taker = next(((at, k, ns, created) for at, k, ns, node, other, created in pods
                       if node == slot["node"] and at >= slot["ready"] and other != uid), None)
         if taker is not None and taker[1] == "model" and taker[3] <= slot["gone"] + CREATED_RESOLUTION_S \
-                and _second_needs_pool(lifetimes, taker[3], outside=_warm_nodes(lifetimes, taker[3]) | {slot["node"]}):
+                and _second_needs_pool(lifetimes, taker[3]):
             out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[2]),
                         "placeholder": slot["name"]})
     return sorted(out, key=lambda p: p["t_s"])
@@ -169,8 +170,7 @@ def first_needing_pool(lifetimes: dict, models, *, started: float, factor: float
     by_namespace = {m.namespace: m.key for m in models}
     seconds = sorted({life["created"] for (kind, _), life in lifetimes.items() if kind == "model"})
     for at in seconds:
-        warm = _warm_nodes(lifetimes, at)
-        if warm and _second_needs_pool(lifetimes, at, outside=warm):
+        if _slot_ready(lifetimes, at) and _second_needs_pool(lifetimes, at):
             names = {by_namespace[life["namespace"]] for (kind, _), life in lifetimes.items()
                      if kind == "model" and life["created"] == at}
             return {"models": [m.key for m in models if m.key in names], "t_s": round((at - started) * factor, 1)}
