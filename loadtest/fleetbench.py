@@ -50,8 +50,8 @@ from autoscaler.sim.cluster import ClusterModel, SimCluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
-from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, ticks
-from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, RequestWorkload, ServerModel, WorkloadConfig, build
+from autoscaler.sim.run import SimConfig, initial_replicas, needed_replicas, ticks, traffic_sim
+from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, ServerModel, WorkloadConfig, build
 from autoscaler.traces import RateTrace, RequestTrace, read_trace
 from loadtest import policyset
 from loadtest.measure import MAX_SHED, TOP_TARGET, targets
@@ -203,15 +203,7 @@ def _starts(models: list[Model], policy: str, limit: int, fixed: dict[str, int],
 
 def _reset(models: list[Model], policy: str, starts: dict[str, int]) -> None:
     for m in models:
-        k = m.config.server.concurrency
-        if isinstance(m.workload, RequestWorkload):
-            m.sim = RequestSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s,
-                               server_priority=m.config.server_priority)
-        elif m.config.server_priority:
-            raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
-        else:
-            m.sim = RateSim(m.workload, concurrency=k, slo_s=m.config.slo_s, tick_s=m.config.tick_s,
-                            seed=m.config.arrival_seed)
+        m.sim = traffic_sim(m.workload, m.config)
         m.cluster = SimCluster.started(m.config.cluster, replicas=starts[m.name], now=0.0)
         m.run = None if policy in ("fleet", "predictive") else policyset.policy(policy, m.config, m.needed)
         m.state = initial_state() if m.run is None else m.run.state

@@ -125,7 +125,7 @@ def write_requests(path: Path, requests: list[Request]) -> None:
     path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in requests))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.loadgen", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=Path, required=True)
     p.add_argument("--url", required=True, help="the gateway")
@@ -136,7 +136,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="send vLLM's `priority` field for the class (for --scheduling-policy priority; default: off)")
     p.add_argument("--model", default=None, metavar="NAMESPACE/NAME",
                    help="name the model in x-model-autoscaler on every request (a fleet's gateway; default: none)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     asyncio.run(replay(read_requests(args.requests), args.url, factor=args.factor, out=args.out,
                        start_at=args.start_at, priority_in_body=args.priority_in_body, model=args.model))
 

@@ -3,6 +3,7 @@ hand-made runs: runs nothing live (`make e2e` runs the scenario). Each check is 
 breaks what it checks."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,7 @@ def _good():
         "models": {TOP: _model(0), MID: _model(1), LOW: _model(2, critical=0.98)},
         "drained_s": {TOP: [], MID: [600.0, 610.0], LOW: [1400.0, 1420.0]},
         "pooled_taken": [{"t_s": 500.0, "model": LOW, "placeholder": "p-0"}],
-        "first_needing_pool": {"model": LOW, "t_s": 480.0},
+        "first_needing_pool": {"models": [LOW], "t_s": 480.0},
         "fleet": {"gpu_hours": 10.0, "simulated": {"gpu_hours": 10.5}, "sim_gap_gpu_hours_percent": -4.76},
     }
     timeline = [_row(1, 7, 5, 2), _row(12, 4, 3, 6), _row(16, 4, 3, 7), _row(23, 6, 3, 5), _row(30, 6, 3, 4),
@@ -125,9 +126,9 @@ def test_decisions_above_the_limit_fail():
     assert _breaks("budget", over) == {"budget"}
 
 
-@pytest.mark.parametrize("preempted,first", [([], {"model": LOW, "t_s": 480.0}),
+@pytest.mark.parametrize("preempted,first", [([], {"models": [LOW], "t_s": 480.0}),
                                              ([{"t_s": 500.0, "model": MID, "placeholder": "p-0"}],
-                                              {"model": LOW, "t_s": 480.0})])
+                                              {"models": [TOP, LOW], "t_s": 480.0})])
 def test_a_placeholder_never_taken_or_taken_by_another_model_fails(preempted, first):
     def other(doc, _, __):
         doc["pooled_taken"], doc["first_needing_pool"] = preempted, first
@@ -164,46 +165,100 @@ def test_preemptions_name_the_preemptor_model_from_the_event_in_time_order():
 
 
 def _full_node(name, *, gpus=1):
+    """A node up from the start whose GPUs a replica holds."""
     return {("node", name): {"name": name, "gpus": gpus, "created": STARTED, "gone": None},
             ("model", f"on-{name}"): {"namespace": "code", "node": name, "placed": STARTED, "created": STARTED,
                                       "gone": None, "gpus": gpus}}
 
 
-def _replica(ns, *, created, node=None, placed=None):
-    return {"namespace": ns, "created": STARTED + created, "gone": None, "gpus": 1, "node": node,
+def _free_node(name, *, created=0.0, disrupted=None):
+    return {("node", name): {"name": name, "gpus": 1, "created": STARTED + created, "gone": None,
+                             "disrupted": None if disrupted is None else STARTED + disrupted}}
+
+
+def _slot(name, *, node, ready=22.0, gone=None):
+    """A pooled placeholder on its own node, Ready at `ready`."""
+    return {("node", node): {"name": node, "gpus": 1, "created": STARTED, "gone": None},
+            ("placeholder", name): {"name": name, "namespace": "fleet-ops", "created": STARTED + 20,
+                                    "ready": STARTED + ready, "gone": None if gone is None else STARTED + gone,
+                                    "node": node, "placed": STARTED + 21, "gpus": 1}}
+
+
+def _replica(ns, *, created, node=None, placed=None, gpus=1):
+    return {"namespace": ns, "created": STARTED + created, "gone": None, "gpus": gpus, "node": node,
             "placed": None if placed is None else STARTED + placed}
 
 
-def test_the_first_model_to_need_a_slot_is_the_earliest_replica_created_after_it_with_no_free_room():
-    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
+def _first(lifetimes):
+    return first_needing_pool(lifetimes, FLEET.models, started=STARTED, factor=10.0)
+
+
+def test_the_first_model_to_need_a_slot_is_the_earliest_replica_created_while_one_is_ready_with_no_free_room():
+    """Two full nodes and a Ready slot on a third: chat's replica at 10 s came before the slot was Ready (it had
+    a node of its own, n-2), batch's at 50 s found no free GPU outside the pool, code's at 60 s came after."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="n-3", ready=40),
+                 ("node", "n-2"): {"name": "n-2", "gpus": 1, "created": STARTED, "gone": None},
                  ("model", "a"): _replica("chat", created=10, node="n-2", placed=11),
-                 ("model", "b"): _replica("batch", created=50, node="n-3", placed=51),
-                 ("model", "c"): _replica("code", created=60, node="n-3", placed=61),
-                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": None,
-                                        "node": "n-3", "placed": STARTED + 21, "gpus": 1}}
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": LOW, "t_s": 500.0}
-    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=None, started=STARTED, factor=10.0) == {}
-    assert first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 99, started=STARTED, factor=10.0) == {}
+                 ("model", "b"): _replica("batch", created=50),
+                 ("model", "c"): _replica("code", created=60)}
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 500.0}
+    del lifetimes[("placeholder", "p")]
+    assert _first(lifetimes) == {}  # no slot: nobody needed the pool
 
 
 def test_a_replica_that_lands_on_a_free_node_did_not_need_the_pool():
     """Run 19: chat scaled first once the pool was Ready, onto the node its own drain had freed; its replica
     took no placeholder. The first model to NEED a slot is the next one created with no free room left."""
-    lifetimes = {**_full_node("n-0"), **_full_node("n-1"),
-                 ("node", "free"): {"name": "free", "gpus": 1, "created": STARTED, "gone": None},
-                 ("node", "pooled"): {"name": "pooled", "gpus": 1, "created": STARTED, "gone": None},
-                 ("placeholder", "p"): {"namespace": "fleet-ops", "created": STARTED + 20, "gone": STARTED + 70,
-                                        "node": "pooled", "placed": STARTED + 21, "gpus": 1},
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_free_node("free"), **_slot("p", node="pooled"),
                  ("model", "chat-1"): _replica("chat", created=55, node="free", placed=56),
                  ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": LOW, "t_s": 650.0}
-    # two replicas created at once onto one free node: the second needs the pool
-    lifetimes[("model", "chat-2")] = _replica("chat", created=56.5)
-    lifetimes[("model", "chat-1")] = _replica("chat", created=55)
-    first = first_needing_pool(lifetimes, FLEET.models, pool_ready=STARTED + 40, started=STARTED, factor=10.0)
-    assert first == {"model": TOP, "t_s": 565.0}
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}
+
+
+def test_replicas_created_in_one_second_wait_for_each_other():
+    """A creationTimestamp is a whole second (10 scenario seconds here) and a fleet tick creates several
+    replicas at once: two of chat's in one second with one free node left, the second needed the pool."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_free_node("free"), **_slot("p", node="pooled"),
+                 ("model", "chat-1"): _replica("chat", created=55), ("model", "chat-2"): _replica("chat", created=55),
+                 ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+
+
+def test_models_that_scaled_in_the_same_second_all_needed_the_pool_first():
+    """chat (tier 0) and batch (tier 2) in one tick, no free room: either may have taken the slot first."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="pooled"),
+                 ("model", "batch-1"): _replica("batch", created=70), ("model", "chat-1"): _replica("chat", created=70)}
+    first = _first(lifetimes)
+    assert first == {"models": [TOP, LOW], "t_s": 700.0}
+
+    def taken_by(model):
+        def mutate(doc, _, __):
+            doc["first_needing_pool"] = first
+            doc["pooled_taken"] = [{"t_s": 705.0, "model": model, "placeholder": "p-0"}]
+        return mutate
+    assert _breaks("pooled", taken_by(MID)) == {"pooled"}
+    doc, timeline, records = _good()
+    taken_by(LOW)(doc, timeline, records)
+    assert _checks(doc, timeline, records)[NAMES["pooled"]]["passed"]
+
+
+def test_a_slot_withdrawn_before_the_replica_came_was_not_needed():
+    """The only placeholder went at 30 s (the pool shrank to nothing) and its node at 40 s: a replica at 60 s
+    with no free room waited for a node; no Ready slot was there to need."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_slot("p", node="n-2", gone=30),
+                 ("model", "chat-1"): _replica("chat", created=60)}
+    lifetimes[("node", "n-2")]["gone"] = STARTED + 40
+    assert _first(lifetimes) == {}
+
+
+def test_a_node_being_removed_is_no_free_room():
+    """Karpenter taints a node it disrupts: the scheduler places nothing there, so a replica created then
+    found no free room outside the pool although the Node object was still up."""
+    lifetimes = {**_full_node("n-0"), **_free_node("leaving", disrupted=50), **_slot("p", node="pooled"),
+                 ("model", "chat-1"): _replica("chat", created=55)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+    lifetimes[("node", "leaving")]["disrupted"] = None
+    assert _first(lifetimes) == {}
 
 
 def test_the_smoke_run_fails_when_a_model_is_never_served():
@@ -223,19 +278,22 @@ def test_the_smoke_run_fails_when_a_model_is_never_served():
 
 
 def test_a_placeholder_released_to_a_model_is_taken_by_the_first_replica_placed_on_its_node():
+    """Three 1-GPU nodes, each with a placeholder and nothing free elsewhere: every replica placed on a Ready
+    placeholder's node as it went needed it."""
     lifetimes = {
+        **{("node", n): {"name": n, "gpus": 1, "created": STARTED, "gone": None} for n in ("n-1", "n-2", "n-3")},
         ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 9,
-                                "ready": STARTED + 10, "gone": STARTED + 50},
+                                "ready": STARTED + 10, "gone": STARTED + 50, "gpus": 1},
         ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-2", "placed": STARTED + 9,
-                                "ready": STARTED + 10, "gone": STARTED + 60},
+                                "ready": STARTED + 10, "gone": STARTED + 60, "gpus": 1},
         ("placeholder", "p2"): {"name": "p-2", "namespace": "fleet-ops", "node": "n-3", "placed": STARTED + 9,
-                                "ready": None, "gone": STARTED + 60},  # never Ready: no warm slot to take
-        # before the slot
-        ("model", "old"): {"namespace": "code", "node": "n-1", "placed": STARTED + 1, "created": STARTED + 0},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 51, "created": STARTED + 50},
+                                "ready": None, "gone": STARTED + 60, "gpus": 1},  # never Ready: no warm slot to take
+        # on n-1 before the slot, gone before the placeholder came: not the slot's taker
+        ("model", "old"): {**_replica("code", created=0, node="n-1", placed=1), "gone": STARTED + 5},
+        ("model", "b"): _replica("batch", created=50, node="n-1", placed=51),
         # preempted it
-        ("model", "c"): {"namespace": "chat", "node": "n-2", "placed": STARTED + 59, "created": STARTED + 58},
-        ("model", "x"): {"namespace": "chat", "node": "n-3", "placed": STARTED + 61, "created": STARTED + 60},
+        ("model", "c"): _replica("chat", created=58, node="n-2", placed=59),
+        ("model", "x"): _replica("chat", created=60, node="n-3", placed=61),
     }
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-1"},
                "related": {"namespace": "chat"}, "eventTime": _stamp(580.0)}]
@@ -251,7 +309,7 @@ def test_a_placeholder_withdrawn_and_refilled_on_its_node_was_not_taken_by_the_m
                                 "ready": STARTED + 10, "gone": STARTED + 55},
         ("placeholder", "p1"): {"name": "p-1", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 63,
                                 "ready": STARTED + 64, "gone": STARTED + 65},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 65, "created": STARTED + 64},
+        ("model", "b"): _replica("batch", created=64, node="n-1", placed=65),
     }
     taken = pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
     assert [(p["model"], p["placeholder"], p["t_s"]) for p in taken] == [(LOW, "p-1", 650.0)]
@@ -301,11 +359,22 @@ def test_the_summary_prints_each_model_with_its_twin_and_the_fleets_totals():
 def test_the_fleet_scenario_runs_priority_servers_and_its_twin_serves_the_same_order():
     """Every model's servers run vLLM's priority scheduling and the load generator sends the class's
     priority (a fcfs server would refuse it); the twin's simulated servers serve critical first too."""
+    from loadtest import fleet, loadgen
+    from loadtest.e2e.fleetrun import loadgen_command
+    from loadtest.e2e.fleetstack import model_servers_command
     config = replace(E2EConfig(), **FLEET.config)
-    assert config.server_args() == ["--scheduling-policy", "priority"]
-    assert config.loadgen_args() == ["--priority-in-body"]
     assert config.sim_config().server_priority
-    assert E2EConfig().server_args() == ["--scheduling-policy", "fcfs"] and E2EConfig().loadgen_args() == []
+    for m in FLEET.models:
+        servers = model_servers_command(config, m, Path("w"), kubeconfig="k", nginx_pid=Path("n.pid"))
+        sends = loadgen_command(config, m, Path("o"), url="http://gw", start_at=1.0)
+        assert servers[1:3] == ["-m", "loadtest.fleet"] and sends[1:3] == ["-m", "loadtest.loadgen"]
+        assert fleet.parse_args(servers[3:]).scheduling_policy == "priority"
+        args = loadgen.parse_args(sends[3:])
+        assert args.priority_in_body and args.model == m.key
+    plain = model_servers_command(E2EConfig(), m, Path("w"), kubeconfig="k", nginx_pid=Path("n.pid"))
+    assert fleet.parse_args(plain[3:]).scheduling_policy == "fcfs"
+    sends = loadgen_command(E2EConfig(), m, Path("o"), url="u", start_at=1.0)
+    assert not loadgen.parse_args(sends[3:]).priority_in_body
 
 
 def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replica_that_came_later():
@@ -314,9 +383,175 @@ def test_a_placeholder_withdrawn_whose_node_sat_free_was_not_taken_by_the_replic
     lifetimes = {
         ("placeholder", "p0"): {"name": "p-0", "namespace": "fleet-ops", "node": "n-1", "placed": STARTED + 49,
                                 "ready": STARTED + 51, "gone": STARTED + 59.7},
-        ("model", "b"): {"namespace": "batch", "node": "n-1", "placed": STARTED + 64.9, "created": STARTED + 64.9},
+        ("model", "b"): _replica("batch", created=64, node="n-1", placed=64.9),
     }
     assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
     lifetimes[("model", "b")]["created"] = STARTED + 60  # created as the slot went (the same tick)
     assert [p["placeholder"] for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0)
             ] == ["p-0"]
+
+
+def test_a_placeholder_scaled_down_while_free_room_was_left_elsewhere_was_not_taken():
+    """The pool shrank (its need dropped) in the second chat scaled; a free node was left outside the pool, and
+    the scheduler happened to place chat's replica on the placeholder's node: the replica did not need it.
+    With no free node elsewhere, the same handover is a take."""
+    lifetimes = {**_full_node("n-0"), **_free_node("free"), **_slot("p-0", node="pooled", gone=70),
+                 ("model", "chat-1"): _replica("chat", created=70, node="pooled", placed=70.5)}
+    assert pooled_taken([], lifetimes, FLEET.models, started=STARTED, factor=10.0) == []
+    del lifetimes[("node", "free")]
+    assert [(p["model"], p["placeholder"]) for p in pooled_taken([], lifetimes, FLEET.models, started=STARTED,
+                                                                  factor=10.0)] == [(TOP, "p-0")]
+
+
+class _ControlPlane:
+    """The API paths the fleet sampler reads, answered from dicts."""
+
+    def __init__(self, pods, nodes):
+        self.pods, self.nodes = pods, nodes
+
+    def request(self, method, path):
+        if path.startswith("/api/v1/nodes"):
+            return 200, {"items": self.nodes}
+        if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
+            ns = path.split("/")[4]
+            return 200, {"items": [p for p in self.pods if p["metadata"]["namespace"] == ns]}
+        return 404, {}
+
+
+def test_the_sampler_reads_each_pods_gpus_when_a_node_started_leaving_and_when_a_pod_vanished():
+    from loadtest.e2e.fleetstack import FleetStack
+
+    def pod(name, ns, gpus, app):
+        return {"metadata": {"name": name, "namespace": ns, "uid": name, "labels": {"app": app},
+                             "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus), "cpu": "4"}}}]}}
+
+    def node(name, taints=()):
+        return {"metadata": {"name": name, "uid": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"taints": list(taints)}, "status": {"capacity": {"nvidia.com/gpu": "2"}}}
+
+    chat = FLEET.models[0]
+    cp = _ControlPlane([pod("c", chat.namespace, 2, chat.name), pod("w", "fleet-ops", 1, "warm")],
+                       [node("n-0"), node("n-1")])
+    st = FleetStack(config=replace(E2EConfig(), **FLEET.config), models=FLEET.models, cp=cp, karpenter=None,
+                    controller=None, gateway_url="", work=None)
+    seen = set()
+    st._pods(1.0, seen)
+    st._nodes(1.0, seen)
+    cp.nodes[1]["spec"]["taints"] = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]
+    st._nodes(2.0, seen)
+    st._nodes(3.0, seen)
+    assert st.lifetimes[("model", "c")]["gpus"] == 2 and st.lifetimes[("placeholder", "w")]["gpus"] == 1
+    assert st.lifetimes[("node", "n-0")]["disrupted"] is None and st.lifetimes[("node", "n-1")]["disrupted"] == 2.0
+    cp.pods[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"  # chat's replica drains...
+    seen = set()
+    st._pods(4.0, seen)
+    st._unseen(4.0, seen)
+    cp.pods = cp.pods[1:]  # ...and is gone from the API server
+    for now in (5.0, 6.0):
+        seen = set()
+        st._pods(now, seen)
+        st._unseen(now, seen)
+    assert (st.lifetimes[("model", "c")]["gone"], st.lifetimes[("model", "c")]["vanished"]) == (4.0, 5.0)
+
+
+def test_a_runs_own_output_carries_what_traces_its_pooled_attribution(tmp_path):
+    """result.json names scenario second 0 on the wall clock, and the Events are written beside the lifetimes:
+    the trace recomputes the run's attribution from the folder alone."""
+    from loadtest.e2e.fleetrun import write_outputs
+    from loadtest.e2e.fleettrace import trace
+    lifetimes = {**_full_node("n-0"), **_slot("p-0", node="pooled", gone=70.2),
+                 ("model", "chat-1"): _replica("chat", created=70, node="pooled", placed=70.5)}
+    events = [{"reason": "Preempted", "involvedObject": {"namespace": "fleet-ops", "name": "p-9"},
+               "related": {"namespace": "batch"}, "eventTime": _stamp(900.0)}]
+    doc = {"scenario": "fleet", "factor": 10.0, "started_unix_s": STARTED,
+           "pooled_taken": pooled_taken(events, lifetimes, FLEET.models, started=STARTED, factor=10.0),
+           "first_needing_pool": _first(lifetimes)}
+    write_outputs(tmp_path, doc=doc, timeline=[], lifetimes=lifetimes, events=events)
+    traced = trace(tmp_path)["pooled"]
+    assert [p["placeholder"] for p in traced["pooled_taken"]] == ["p-0", "p-9"] == [
+        p["placeholder"] for p in doc["pooled_taken"]]
+    assert traced["first_needing_pool"] == doc["first_needing_pool"] == {"models": [TOP], "t_s": 700.0}
+    assert traced["passed"]
+    assert traced["placeholders"] == [{"name": "p-0", "ready_s": 220.0, "gone_s": 702.0, "next_pod": {
+        "kind": "model", "namespace": "chat", "created_s": 700.0, "placed_s": 705.0}}]
+
+
+def test_an_older_run_is_placed_by_the_samples_that_stamped_its_pods_ready():
+    from loadtest.e2e.fleettrace import started_from_samples
+    started = STARTED + 0.123456
+    timeline = [{"t_s": (started + dt - started) * 10.0} for dt in (0.5, 1.13, 1.71, 2.29)]
+    lifetimes = {("model", "a"): {"ready": started + 1.13}, ("model", "b"): {"ready": started + 2.29},
+                 ("placeholder", "c"): {"ready": None}, ("node", "n"): {"ready": started + 0.5}}
+    assert started_from_samples(lifetimes, timeline, factor=10.0) == round(started, 6)
+    assert started_from_samples({("model", "a"): {"ready": started + 1.13}}, timeline, factor=10.0) is None
+
+
+def test_the_trace_finds_each_late_critical_request_with_what_was_in_flight_and_queued_when_it_came():
+    from loadtest.e2e.fleettrace import late_requests
+
+    def rec(sent, cls="standard", queue=0.0, latency=30.0, status=200):
+        return {"class": cls, "sent_s": sent, "queue_s": queue, "latency_s": latency, "status": status}
+    timeline = [{"t_s": 0.0, "models": {TOP: {"pods": {"ready": 1}}}},
+                {"t_s": 50.0, "models": {TOP: {"pods": {"ready": 2}}}}]
+    records = [rec(1.0), rec(2.0), rec(9.0, queue=3.0), rec(9.5, cls="sheddable", queue=4.0),
+               rec(10.0, cls="critical", queue=2.5), rec(11.0, cls="critical", queue=1.0),  # within the SLO
+               rec(12.0, status=429, queue=None, latency=0.01), rec(60.0, cls="critical", queue=2.1, latency=5.0)]
+    late = late_requests(records, timeline, key=TOP, slo_s=2.0, concurrency=2)
+    assert late == [
+        {"sent_min": round(10 / 60, 3), "wait_s": 2.5, "in_flight": 5, "ready_replicas": 1, "slots": 2,
+         "queued_ahead": {"sheddable": 1, "standard": 1}},
+        {"sent_min": 1.0, "wait_s": 2.1, "in_flight": 1, "ready_replicas": 2, "slots": 4, "queued_ahead": {}}]
+
+
+def test_the_fleet_benchmark_builds_its_servers_from_the_whole_config_as_the_single_model_one_does():
+    """The fleet's simulated servers honour the config's hold, service-by-completion and Ready-seen tick
+    (they had drifted from the single-model simulator's: built without them)."""
+    config = replace(E2EConfig(), **FLEET.config)
+    workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
+    sim_config = replace(config.sim_config(), max_hold_s=90.0, service_by_completion=True, ready_seen_every_s=15.0)
+    members = fleettwin._members(FLEET.models, workloads, sim_config, config.spec())
+    fleetbench._reset(members, "fleet", {m.key: 1 for m in FLEET.models})
+    assert {(m.sim.max_hold_s, m.sim.service_by_completion, m.sim.ready_seen_every_s) for m in members} == {
+        (90.0, True, 15.0)}
+
+
+def test_server_priority_on_a_rate_trace_is_refused_by_both_benchmarks():
+    import numpy as np
+    from autoscaler.sim.run import SimConfig
+    from autoscaler.sim.workload import RateWorkload
+    workload = RateWorkload(name="r", scale=1.0, window_s=600.0, rate_per_s=np.array([1.0, 1.0]),
+                            client_rate_per_s=np.ones((1, 2)), client_cv2=np.full((1, 2), 1e-6),
+                            service_s=np.full(2, 1.0), output_tokens=np.zeros(2), priority_mix=(1.0, 0.0, 0.0),
+                            span_s=1200.0)
+    member = fleetbench.Model("r", 0, 1.0, workload, SimConfig(server_priority=True), np.ones(2, dtype=int),
+                              E2EConfig().spec())
+    with pytest.raises(ValueError, match="server priority is modelled only for request traces"):
+        fleetbench._reset([member], "fleet", {"r": 1})
+    member.config = SimConfig(max_hold_s=300.0)
+    fleetbench._reset([member], "fleet", {"r": 1})
+    assert member.sim.holds is not None  # a rate trace's hold too
+
+
+def test_a_draining_replica_holds_its_gpu_until_it_vanishes():
+    """chat's old replica on the only free node was being deleted from 54 s (its drain, a grace period) and
+    vanished at 58 s: chat's new replica at 55 s found no free GPU there and needed the pool."""
+    lifetimes = {**_full_node("n-0"), **_free_node("free"), **_slot("p", node="pooled"),
+                 ("model", "old"): {**_replica("chat", created=0, node="free", placed=0), "gone": STARTED + 54,
+                                    "vanished": STARTED + 58},
+                 ("model", "chat-1"): _replica("chat", created=55),
+                 ("model", "batch-1"): _replica("batch", created=65, node="pooled", placed=70)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+    lifetimes[("model", "old")]["vanished"] = STARTED + 54.5
+    assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}
+
+
+def test_a_free_gpu_beside_a_placeholder_on_its_node_is_free_room():
+    """Outside the pool means outside the placeholders' GPUs, not their nodes: on a 2-GPU node with one
+    placeholder, chat's replica fits in the other GPU and needs no slot; with both GPUs held it does."""
+    lifetimes = {**_full_node("n-0"), **_slot("p", node="n-2"),
+                 ("model", "chat-1"): _replica("chat", created=55)}
+    lifetimes[("node", "n-2")]["gpus"] = 2
+    assert _first(lifetimes) == {}
+    lifetimes[("model", "code-1")] = _replica("code", created=30, node="n-2", placed=31)
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}

@@ -105,6 +105,20 @@ def needed_replicas(workload: RequestWorkload | RateWorkload, config: SimConfig)
     return np.maximum(1, replicas_for_rates(sizing_spec(config), rates, services))
 
 
+def traffic_sim(workload: RequestWorkload | RateWorkload, config: SimConfig) -> RequestSim | RateSim:
+    """The simulated servers for a workload, built from the config (the one place both benchmarks build them)."""
+    k = config.server.concurrency
+    if isinstance(workload, RequestWorkload):
+        return RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
+                          max_hold_s=config.max_hold_s, server_priority=config.server_priority,
+                          service_by_completion=config.service_by_completion,
+                          ready_seen_every_s=config.ready_seen_every_s)
+    if config.server_priority:
+        raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
+    return RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed,
+                   max_hold_s=config.max_hold_s)
+
+
 def run(
     policy: PolicyRun,
     workload: RequestWorkload | RateWorkload,
@@ -115,17 +129,7 @@ def run(
     progress: Callable[[int], None] | None = None,
 ) -> RunResult:
     started = time.perf_counter()
-    k = config.server.concurrency
-    if isinstance(workload, RequestWorkload):
-        sim: RequestSim | RateSim = RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
-                                               max_hold_s=config.max_hold_s, server_priority=config.server_priority,
-                                               service_by_completion=config.service_by_completion,
-                                               ready_seen_every_s=config.ready_seen_every_s)
-    else:
-        if config.server_priority:
-            raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
-        sim = RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed,
-                      max_hold_s=config.max_hold_s)
+    sim = traffic_sim(workload, config)
     cluster: Cluster = SimCluster.started(config.cluster, replicas=initial_replicas, now=0.0)
     state = policy.state
     shed: dict[str, float] = {}

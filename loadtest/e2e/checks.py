@@ -364,10 +364,11 @@ def _pooled_first(context: CheckContext) -> dict:
     first = context.doc.get("first_needing_pool", {})
     taker = taken[0]["model"] if taken else None
     return _check("a pooled placeholder goes to the model that needed it first",
-                  taker is not None and taker == first.get("model"),
+                  taker is not None and taker in first.get("models", []),
                   f"{len(taken)} pooled placeholders taken by a model's replica, the first by {taker} at "
-                  f"{taken[0]['t_s'] if taken else None} s; the first model whose replica, once a slot was Ready, "
-                  f"found no free GPU outside the pool: {first.get('model')} at {first.get('t_s')} s")
+                  f"{taken[0]['t_s'] if taken else None} s; the models whose replicas, created in the first second "
+                  f"a Ready slot was alive and too few GPUs were free outside the pool, needed it: "
+                  f"{first.get('models')} at {first.get('t_s')} s")
 
 
 def _fleet_twin(context: CheckContext) -> list[dict]:

@@ -2,12 +2,14 @@
 (`loadtest.e2e.fleetstack`), one load generator per model sending that model's requests through the one
 gateway, per-model and fleet figures, the simulated twin (`loadtest.e2e.fleettwin`), and the checks.
 
-result.json: `models` (per model: tier, requests, `slo_attainment` and `shed_fraction` by class, lost
-requests, `gpu_hours` of its pods, the replicas seen, its twin's figures), `fleet` (requests, lost, GPU-hours
-of the nodes and by use, the most GPUs held, the twin's GPU-hours), `drained_s` (when each model's replicas
-drained), `pooled_taken` (which model's replica took a pooled placeholder, when), `first_needing_pool` (the
-first model whose replica, once a pooled slot was Ready, found no free GPU outside the pool), `sim_gap` and the
-checks. lifetimes.jsonl: every pod's, node's and claim's lifetime (wall clock).
+result.json: `started_unix_s` (the wall clock of scenario second 0) and `factor`; `models` (per model: tier,
+requests, `slo_attainment` and `shed_fraction` by class, lost requests, `gpu_hours` of its pods, the replicas
+seen, its twin's figures); `fleet` (requests, lost, GPU-hours of the nodes and by use, the most GPUs held, the
+twin's GPU-hours); `drained_s` (when each model's replicas drained); `pooled_taken` (which model's replica took
+a pooled placeholder, when); `first_needing_pool` (the models of the first creation second whose replicas,
+while a pooled slot was Ready, found too few free GPUs outside the pool); `sim_gap` and the checks.
+lifetimes.jsonl: every pod's, node's and claim's lifetime; events.jsonl: the models' and the pool's
+namespaces' Events (both wall clock; `loadtest.e2e.fleettrace` reads them back).
 """
 
 from __future__ import annotations
@@ -33,13 +35,18 @@ SAMPLE_EVERY_S = 0.5  # wall clock
 CREATED_RESOLUTION_S = 1.0  # wall clock: a creationTimestamp is whole seconds
 
 
-def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
+def loadgen_command(config: E2EConfig, model, out: Path, *, url: str, start_at: float) -> list[str]:
+    """The command line of the model's load generator (`python -m loadtest.loadgen`), the config's load
+    generator arguments (the priority in the body) included."""
     ns = model.namespace
-    return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url",
-         st.gateway_url, "--factor", str(st.config.factor), "--out", str(out / f"records-{ns}.jsonl"),
-         "--start-at", str(start_at), "--model", model.key, *st.config.loadgen_args()],
-        stdout=(out / f"loadgen-{ns}.log").open("w"), stderr=subprocess.STDOUT)
+    return [sys.executable, "-m", "loadtest.loadgen", "--requests", str(out / f"requests-{ns}.jsonl"), "--url", url,
+            "--factor", str(config.factor), "--out", str(out / f"records-{ns}.jsonl"), "--start-at", str(start_at),
+            "--model", model.key, *config.loadgen_args()]
+
+
+def _loadgen(st: FleetStack, model, out: Path, *, start_at: float) -> subprocess.Popen:
+    return subprocess.Popen(loadgen_command(st.config, model, out, url=st.gateway_url, start_at=start_at),
+                            stdout=(out / f"loadgen-{model.namespace}.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def _read_jsonl(path: Path, **tag) -> list[dict]:
@@ -75,12 +82,59 @@ def preemptions(events: list[dict], lifetimes: dict, models, *, started: float, 
     return sorted(out, key=lambda p: (p["t_s"] is None, p["t_s"] or 0.0))
 
 
+def _alive(life: dict, since: str, at: float) -> bool:
+    return life.get(since) is not None and life[since] <= at and (life["gone"] is None or life["gone"] > at)
+
+
+def _holds(kind: str, pod: dict, at: float) -> bool:
+    """The pod holds its node's GPUs at `at`: placed, and not yet vanished (a draining pod holds them through
+    its grace period, after its deletion was seen; a run without `vanished` falls back to `gone`). A Ready
+    placeholder holds them a creationTimestamp's resolution longer: withdrawn in the tick a model grows, it goes
+    a moment before that model's replica is created, for that replica."""
+    until = pod.get("vanished") or pod["gone"]
+    if until is not None and kind == "placeholder" and pod.get("ready") is not None:
+        until += CREATED_RESOLUTION_S
+    return pod.get("placed") is not None and pod["placed"] <= at and (until is None or until > at)
+
+
+def _free_gpus(lifetimes: dict, at: float) -> int:
+    """GPUs of the nodes up and schedulable at `at` (not yet disrupted: Karpenter taints a node it removes) that
+    no pod (a model's replica or a placeholder) holds, less those the model replicas created before `at` and not
+    yet placed will take (the scheduler gives a pending pod free room before it preempts a placeholder)."""
+    nodes = {life["name"]: life["gpus"] for (kind, _), life in lifetimes.items()
+             if kind == "node" and _alive(life, "created", at)
+             and (life.get("disrupted") is None or life["disrupted"] > at)}
+    held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
+               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(kind, life, at))
+    waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
+                  if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
+                  and (life.get("placed") is None or life["placed"] > at))
+    return sum(nodes.values()) - held - waiting
+
+
+def _second_needs_pool(lifetimes: dict, at: float) -> bool:
+    """The model replicas created in the (whole) second `at` do not all fit in the free GPUs, the pooled
+    placeholders' held: one of them needed a pooled slot. A creationTimestamp does not order replicas within its
+    second (a fleet tick creates several), so each counts the others as waiting: the verdict is the same in any
+    order."""
+    created = sum(life["gpus"] for (kind, _), life in lifetimes.items()
+                  if kind == "model" and life["created"] == at and (life["gone"] is None or life["gone"] > at))
+    return _free_gpus(lifetimes, at) < created
+
+
+def _slot_ready(lifetimes: dict, at: float) -> bool:
+    """A pooled placeholder was Ready in the second `at` and still held its GPUs (`_holds`)."""
+    return any(kind == "placeholder" and life["ready"] is not None and life["ready"] < at + CREATED_RESOLUTION_S
+               and _holds(kind, life, at) for (kind, _), life in lifetimes.items())
+
+
 def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list[dict]:
     """Pooled placeholders whose node a model's replica took as they went (the pool shrinks in the tick a model
     grows into it, or the scheduler preempts one for a pending replica): per placeholder, the next pod placed on
-    its node, if that is a model's replica created by the time the placeholder went. A node the placeholder
-    left to a refill placeholder (run 19), or that sat free until a later replica came (run 20: 52 s), was
-    not handed to a model: that replica found free room."""
+    its node, if that is a model's replica created by the time the placeholder went whose creation second found
+    too few free GPUs outside the pool (`first_needing_pool`'s test). A node the placeholder left to a refill
+    placeholder (run 19), that sat free until a later replica came (run 20: 52 s), or that the scheduler chose
+    while free room was left elsewhere (a placeholder only scaled down) was not handed to a model."""
     by_namespace = {m.namespace: m.key for m in models}
     pods = sorted((life["placed"], kind, life.get("namespace"), life["node"], uid, life.get("created"))
                   for (kind, uid), life in lifetimes.items() if kind in ("model", "placeholder") and life.get("node"))
@@ -91,7 +145,8 @@ def handovers(lifetimes: dict, models, *, started: float, factor: float) -> list
         # the pod may be placed a moment before the sampler saw the placeholder go (a preemption)
         taker = next(((at, k, ns, created) for at, k, ns, node, other, created in pods
                       if node == slot["node"] and at >= slot["ready"] and other != uid), None)
-        if taker is not None and taker[1] == "model" and taker[3] <= slot["gone"] + CREATED_RESOLUTION_S:
+        if taker is not None and taker[1] == "model" and taker[3] <= slot["gone"] + CREATED_RESOLUTION_S \
+                and _second_needs_pool(lifetimes, taker[3]):
             out.append({"t_s": round((taker[0] - started) * factor, 1), "model": by_namespace.get(taker[2]),
                         "placeholder": slot["name"]})
     return sorted(out, key=lambda p: p["t_s"])
@@ -106,36 +161,20 @@ def pooled_taken(events: list[dict], lifetimes: dict, models, *, started: float,
     return sorted(taken, key=lambda p: (p["t_s"] is None, p["t_s"] or 0.0))
 
 
-def _free_gpus(lifetimes: dict, at: float) -> int:
-    """GPUs of the nodes up at `at` that no pod (a model's replica or a placeholder) holds, less those the model
-    replicas created before `at` and not yet placed will take (the scheduler gives a pending pod free room
-    before it preempts a placeholder)."""
-    def alive(life: dict, since: str) -> bool:
-        return life.get(since) is not None and life[since] <= at and (life["gone"] is None or life["gone"] > at)
-    nodes = {life["name"]: life["gpus"] for (kind, _), life in lifetimes.items()
-             if kind == "node" and alive(life, "created")}
-    held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
-               if kind in ("model", "placeholder") and life.get("node") in nodes and alive(life, "placed"))
-    waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
-                  if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
-                  and (life.get("placed") is None or life["placed"] > at))
-    return sum(nodes.values()) - held - waiting
-
-
-def first_needing_pool(lifetimes: dict, models, *, pool_ready: float | None, started: float, factor: float) -> dict:
-    """The model that needed a pooled slot first: its replica was created once a slot was Ready and found no
-    free GPU outside the pool. A replica that finds free room lands there and takes no placeholder (run 19:
-    chat's first replica after the pool was Ready went to the node its own drain had just freed)."""
-    if pool_ready is None:
-        return {}
-    created = sorted((life["created"], life["namespace"]) for (kind, _), life in lifetimes.items()
-                     if kind == "model" and life["created"] > pool_ready
-                     and _free_gpus(lifetimes, life["created"]) < life["gpus"])
-    if not created:
-        return {}
-    at, ns = created[0]
-    key = next(m.key for m in models if m.namespace == ns)
-    return {"model": key, "t_s": round((at - started) * factor, 1)}
+def first_needing_pool(lifetimes: dict, models, *, started: float, factor: float) -> dict:
+    """The models that needed a pooled slot first: the first creation second in which a Ready placeholder was
+    alive and that second's model replicas found too few free GPUs outside the pool (`_second_needs_pool`); every
+    model with a replica created in that second, as their order within it is unknown. A replica that finds free
+    room lands there and takes no placeholder (run 19: chat's first replica after the pool was Ready went to the
+    node its own drain had just freed)."""
+    by_namespace = {m.namespace: m.key for m in models}
+    seconds = sorted({life["created"] for (kind, _), life in lifetimes.items() if kind == "model"})
+    for at in seconds:
+        if _slot_ready(lifetimes, at) and _second_needs_pool(lifetimes, at):
+            names = {by_namespace[life["namespace"]] for (kind, _), life in lifetimes.items()
+                     if kind == "model" and life["created"] == at}
+            return {"models": [m.key for m in models if m.key in names], "t_s": round((at - started) * factor, 1)}
+    return {}
 
 
 def _model_figures(m, records: list[dict], classes, st_lifetimes: dict, timeline: list[dict], *, config: E2EConfig,
@@ -204,10 +243,11 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     per_model = {m.key: _model_figures(m, records[m.key], workloads[m.key].classes, lifetimes, timeline,
                                        config=config, start=start_at, end=end, twin=twin) for m in models}
     cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)
-    pool_ready = min((life["ready"] for (kind, _), life in lifetimes.items()
-                      if kind == "placeholder" and life["ready"] is not None), default=None)
     doc = {
-        "scenario": name, "factor": factor, "gpu_limit": config.gpu_limit, "initial_replicas": initial,
+        # the wall clock of scenario second 0: lifetimes.jsonl and events.jsonl are wall clock, t_s = (wall -
+        # started_unix_s) * factor
+        "scenario": name, "factor": factor, "started_unix_s": start_at, "gpu_limit": config.gpu_limit,
+        "initial_replicas": initial,
         "models": per_model,
         "fleet": {"requests": sum(x["requests"] for x in per_model.values()),
                   "lost_requests": sum(x["lost_requests"] for x in per_model.values()),
@@ -216,8 +256,7 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                   "simulated": {"gpu_hours": twin["gpu_hours"], "peak_gpus": twin["peak_gpus"],
                                 "priority_inversions": twin["priority_inversions"], "node_timings": timing}},
         "pooled_taken": pooled_taken(events, lifetimes, models, started=start_at, factor=factor),
-        "first_needing_pool": first_needing_pool(lifetimes, models, pool_ready=pool_ready, started=start_at,
-                                                 factor=factor),
+        "first_needing_pool": first_needing_pool(lifetimes, models, started=start_at, factor=factor),
         # when each model's replicas drained (scenario seconds), within the run: not the tear-down's
         "drained_s": {k: [round((e["t"] - start_at) * factor, 1) for e in v if e.get("event") == "drained"
                           and start_at <= e["t"] <= end] for k, v in fleet_events.items()},
@@ -229,9 +268,15 @@ def run_fleet_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
                            sim=twin, windows=scenario.windows)
     doc["checks"] = scenario.check(context)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
+    write_outputs(out, doc=doc, timeline=timeline, lifetimes=lifetimes, events=events)
+    return doc
+
+
+def write_outputs(out: Path, *, doc: dict, timeline: list[dict], lifetimes: dict, events: list[dict]) -> None:
+    """result.json, timeline.jsonl, and every pod's, node's and claim's lifetime and the namespaces' Events (wall
+    clock), so the pooled attribution can be traced afterwards (`python -m loadtest.e2e.fleettrace`)."""
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
-    # every pod's, node's and claim's lifetime (wall clock), so the pooled attribution can be traced afterwards
     (out / "lifetimes.jsonl").write_text("".join(json.dumps({"kind": kind, "uid": uid, **life}) + "\n"
                                                  for (kind, uid), life in lifetimes.items()))
+    (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (out / "result.json").write_text(json.dumps(doc, indent=2))
-    return doc

@@ -27,7 +27,10 @@ from pathlib import Path
 import yaml
 
 from autoscaler.crd import GROUP, VERSION
+from autoscaler.kube.capacity import is_gpu_resource
+from autoscaler.kube.deletion import LEAVING_TAINTS
 from autoscaler.kube.pods import pod_facts
+from autoscaler.kube.quantity import effective_resources
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.stack import (MODEL_PORT, PLACEHOLDER_CLASS, ControllerProcess, _ts, cluster, model_deployment,
                                 wait_until)
@@ -108,6 +111,20 @@ def _shed(metrics: dict[str, float], model: FleetModel) -> dict[str, float]:
     return out
 
 
+def pod_gpus(pod: dict) -> int:
+    """GPUs a pod (its JSON form) requests, as the scheduler counts them."""
+    requests, _ = effective_resources(pod.get("spec") or {})
+    return int(sum(v for k, v in requests.items() if is_gpu_resource(k)))
+
+
+def node_leaving(node: dict) -> bool:
+    """Whether a node (its JSON form) is on its way out, so the scheduler places nothing new there: being
+    deleted, cordoned, or tainted for removal (Karpenter taints a node it disrupts before deleting it)."""
+    spec = node.get("spec") or {}
+    return (node.get("metadata", {}).get("deletionTimestamp") is not None or bool(spec.get("unschedulable"))
+            or any(t.get("key") in LEAVING_TAINTS for t in spec.get("taints") or []))
+
+
 @dataclass
 class FleetStack:
     config: E2EConfig
@@ -119,7 +136,9 @@ class FleetStack:
     work: Path
     started: float = 0.0
     # (kind, uid) -> {"created", "ready", "gone", "gpus", "name", "namespace", ...}; kind: model, placeholder,
-    # node, claim (as `Stack.lifetimes`; a model pod's `namespace` names its model)
+    # node, claim (as `Stack.lifetimes`; a model pod's `namespace` names its model; a pod's `gpus` from its
+    # requests; a node's `disrupted`: when it was first seen leaving; `gone`: when its deletion was first seen,
+    # `vanished`: when the API server no longer listed it)
     lifetimes: dict = field(default_factory=dict)
 
     @property
@@ -133,9 +152,9 @@ class FleetStack:
         status, body = self.cp.request("GET", path)
         return body if status == 200 else {}
 
-    def _life(self, key: tuple, meta: dict, **extra) -> dict:
+    def _life(self, key: tuple, meta: dict, *, gpus: int, **extra) -> dict:
         return self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None,
-                                               "gone": None, "gpus": 1, "name": meta["name"], **extra})
+                                               "gone": None, "gpus": gpus, "name": meta["name"], **extra})
 
     def _pods(self, now: float, seen: set) -> tuple[dict, dict]:
         """Each model's pods by state, and the pooled placeholders; their lifetimes kept."""
@@ -148,7 +167,7 @@ class FleetStack:
                 model = next((m for m in self.models if m.namespace == ns and facts.labels.get("app") == m.name), None)
                 key = ("model" if model else "placeholder", meta["uid"])
                 seen.add(key)
-                life = self._life(key, meta, namespace=ns)
+                life = self._life(key, meta, gpus=pod_gpus(pod), namespace=ns)
                 if facts.ready and life["ready"] is None:
                     life["ready"] = now
                 if facts.deleting and life["gone"] is None:
@@ -161,26 +180,35 @@ class FleetStack:
                     pooled["ready" if facts.ready else "pending"] += 1
         return by_model, pooled
 
-    def _nodes(self, seen: set) -> int:
+    def _nodes(self, now: float, seen: set) -> int:
         nodes = self._get(f"/api/v1/nodes?labelSelector={POOL_LABEL}%3D{POOL}").get("items", [])
         for node in nodes:
             gpus = int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0") or 0)
             seen.add(("node", node["metadata"]["uid"]))
-            self._life(("node", node["metadata"]["uid"]), node["metadata"])["gpus"] = gpus
+            life = self._life(("node", node["metadata"]["uid"]), node["metadata"], gpus=gpus, disrupted=None)
+            life["gpus"] = gpus  # a node may register before its capacity
+            if life["disrupted"] is None and node_leaving(node):
+                life["disrupted"] = now
         claims = self._get(f"/apis/karpenter.sh/v1/nodeclaims?labelSelector=karpenter.sh%2Fnodepool%3D{POOL}")
         for claim in claims.get("items", []):
             seen.add(("claim", claim["metadata"]["uid"]))
-            self._life(("claim", claim["metadata"]["uid"]), claim["metadata"])["gpus"] = self.config.node_shape.gpus
+            self._life(("claim", claim["metadata"]["uid"]), claim["metadata"], gpus=self.config.node_shape.gpus)
         return len(nodes)
+
+    def _unseen(self, now: float, seen: set) -> None:
+        for key, life in self.lifetimes.items():
+            if key not in seen:
+                if life["gone"] is None:
+                    life["gone"] = now
+                # `gone` is when its deletion was first seen; a pod holds its GPUs through its grace period
+                life.setdefault("vanished", now)
 
     def sample(self) -> dict:
         now = time.time()
         seen: set = set()
         pods, pooled = self._pods(now, seen)
-        nodes = self._nodes(seen)
-        for key, life in self.lifetimes.items():
-            if key not in seen and life["gone"] is None:
-                life["gone"] = now
+        nodes = self._nodes(now, seen)
+        self._unseen(now, seen)
         metrics = self.controller.metrics()
         models = {}
         for m in self.models:
@@ -199,19 +227,25 @@ class FleetStack:
         return [e for ns in namespaces for e in self._get(f"/api/v1/namespaces/{ns}/events").get("items", [])]
 
 
+def model_servers_command(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str,
+                          nginx_pid: Path) -> list[str]:
+    """The command line of the model's fake vLLM servers (`python -m loadtest.fleet`), the config's server
+    arguments (its scheduling policy) included."""
+    f, ns = config.factor, model.namespace
+    return [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
+            "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
+            "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
+            "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
+            "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
+            "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
+            *config.server_args()]
+
+
 def _model_servers(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str, nginx_pid: Path
                    ) -> subprocess.Popen:
     """The model's fake vLLM servers, one per Ready pod, with its own upstream list and file_sd targets."""
-    f, ns = config.factor, model.namespace
-    return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
-         "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
-         "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
-         "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
-         "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
-         "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
-         *config.server_args()],
-        stdout=(work / f"fleet-{ns}.log").open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(model_servers_command(config, model, work, kubeconfig=kubeconfig, nginx_pid=nginx_pid),
+                            stdout=(work / f"fleet-{model.namespace}.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def _serving(path: Path) -> int:
