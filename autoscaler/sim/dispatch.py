@@ -30,11 +30,12 @@ Dispatch = Literal["shared", "least-conn"]
 
 
 class Server:
-    """One replica's slots in use and its own queue."""
+    """One replica's slots in use, its own queue, and its place among the Ready servers (-1: removed)."""
 
-    __slots__ = ("busy", "queue")
+    __slots__ = ("at", "busy", "queue")
 
-    def __init__(self, queue) -> None:
+    def __init__(self, queue, at: int) -> None:
+        self.at = at
         self.busy = 0
         self.queue = queue
 
@@ -51,6 +52,7 @@ class LeastConn:
         self._new_queue = new_queue
         self._arr, self._svc, self._wait = arrival_s, service_s, waits
         self.ready: list[Server] = []  # take arrivals, in Ready order
+        self._inside: list[int] = []  # requests in each Ready server (slots + queue): the balancer's view
         self.leaving: list[Server] = []  # removed, serving what they still hold
         self._heap: list[tuple[float, int, Server]] = []
         self._seq = itertools.count()  # completions at the same time: in start order
@@ -78,10 +80,12 @@ class LeastConn:
         """At `t`, `ready` servers take arrivals: new ones join empty (and take the requests that found no
         server, in arrival order), removed ones (the latest Ready) drain."""
         while len(self.ready) < ready:
-            self.ready.append(Server(self._new_queue()))
+            self.ready.append(Server(self._new_queue(), len(self.ready)))
+            self._inside.append(0)
         while len(self.ready) > ready:
             server = self.ready.pop()
-            if _inside(server):
+            server.at = -1
+            if self._inside.pop():
                 self.leaving.append(server)
         while self.ready and self.pending:
             self.join(self.pending.popleft(), t)
@@ -92,7 +96,10 @@ class LeastConn:
         if not self.ready:
             self.pending.append(j)
             return
-        server = min(self.ready, key=_inside)  # the first of the fewest: a fixed order
+        inside = self._inside
+        at = inside.index(min(inside))  # the first of the fewest: a fixed order
+        inside[at] += 1
+        server = self.ready[at]
         if server.busy < self.k:
             self._start(server, j, t)
         else:
@@ -107,6 +114,8 @@ class LeastConn:
         t, _, server = heapq.heappop(self._heap)
         server.busy -= 1
         self.busy -= 1
+        if server.at >= 0:
+            self._inside[server.at] -= 1
         if server.queue:
             self._queued -= 1
             self._start(server, server.queue.popleft(), t)
@@ -119,7 +128,3 @@ class LeastConn:
         heapq.heappush(self._heap, (t + self._svc[j], next(self._seq), server))
         server.busy += 1
         self.busy += 1
-
-
-def _inside(server: Server) -> int:
-    return server.busy + len(server.queue)
