@@ -4,10 +4,14 @@ import numpy as np
 import pytest
 
 from autoscaler.sim.cluster import ClusterModel, SimCluster
+from autoscaler.sim.dispatch import LeastConn
 from autoscaler.sim.request import RequestSim
+from autoscaler.sim.run import traffic_sim
 from autoscaler.sim.workload import RequestWorkload
-from loadtest import queuebalance
+from loadtest import bench, queuebalance
 from policies.queueing import erlang_c, mean_wait
+
+from helpers import BUNDLED_TRACE
 
 TICK_S = 15.0
 
@@ -103,3 +107,18 @@ def test_a_dispatch_it_does_not_know_or_a_hold_with_per_replica_queues_is_an_err
         RequestSim(_four_requests(), concurrency=1, slo_s=2.0, tick_s=1.0, dispatch="random")
     with pytest.raises(ValueError, match="shared queue only"):
         RequestSim(_four_requests(), concurrency=1, slo_s=2.0, tick_s=1.0, dispatch="least-conn", max_hold_s=60.0)
+
+
+def test_the_bench_hands_its_dispatch_to_the_simulator():
+    setup = bench.prepare(bench.parse_args(["--trace", str(BUNDLED_TRACE), "--dispatch", "least-conn"]))
+    assert isinstance(traffic_sim(setup.workload, setup.config)._queue, LeastConn)  # noqa: SLF001
+    setup = bench.prepare(bench.parse_args(["--trace", str(BUNDLED_TRACE)]))
+    assert not isinstance(traffic_sim(setup.workload, setup.config)._queue, LeastConn)  # noqa: SLF001
+
+
+def test_the_bench_refuses_least_conn_on_a_rate_trace_or_with_a_hold(tmp_path, capsys):
+    (tmp_path / "chunk-0-trace.csv").write_text("0,1.0,2.0,Gamma,1,1\n600,0,0,,0,0\n")
+    assert bench.main(["--trace", str(tmp_path), "--dispatch", "least-conn"]) == 2
+    assert "--dispatch least-conn: modelled for request traces only" in capsys.readouterr().err
+    assert bench.main(["--trace", str(BUNDLED_TRACE), "--dispatch", "least-conn", "--idle-after-s", "300"]) == 2
+    assert "hold is modelled with the shared queue only" in capsys.readouterr().err
