@@ -88,6 +88,8 @@ def test_a_removed_replica_serves_its_own_queue_and_takes_no_new_request():
     sim.serve(1.0, 60.0, cluster, {})
     starts = sim.wait + sim.w.arrival_s
     np.testing.assert_allclose(starts, [0.0, 0.1, 10.0, 10.1, 20.0, 30.0])
+    # request 3 was queued on it; it served 9.1 s of request 1 and 10 s of request 3 after its removal
+    assert sim.outcome()["drain"] == {"queued_at_removal": 1, "replica_hours_after_removal": round(19.1 / 3600, 3)}
 
 
 def test_arrivals_with_no_replica_ready_join_the_first_that_turns_ready():

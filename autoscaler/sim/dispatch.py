@@ -32,12 +32,13 @@ Dispatch = Literal["shared", "least-conn"]
 class Server:
     """One replica's slots in use, its own queue, and its place among the Ready servers (-1: removed)."""
 
-    __slots__ = ("at", "busy", "queue")
+    __slots__ = ("at", "busy", "queue", "removed_s")
 
     def __init__(self, queue, at: int) -> None:
         self.at = at
         self.busy = 0
         self.queue = queue
+        self.removed_s = math.inf
 
 
 class LeastConn:
@@ -54,11 +55,15 @@ class LeastConn:
         self.ready: list[Server] = []  # take arrivals, in Ready order
         self._inside: list[int] = []  # requests in each Ready server (slots + queue): the balancer's view
         self.leaving: list[Server] = []  # removed, serving what they still hold
-        self._heap: list[tuple[float, int, Server]] = []
+        self._heap: list[tuple[float, int, Server, int]] = []
         self._seq = itertools.count()  # completions at the same time: in start order
         self.pending: deque[int] = deque()  # arrived while no server was Ready: join the first that is
         self.busy = 0
         self._queued = 0
+        # The drain: requests queued on a replica when it was removed, and the slot-seconds removed replicas
+        # served after their removal (work no GPU bill counts: the cluster bills a replica until its removal)
+        self.drained_requests = 0
+        self.drain_slot_s = 0.0
 
     # -- the queue the simulator sees: all servers' queues ----------------------------------------------------
     def __len__(self) -> int:
@@ -84,9 +89,10 @@ class LeastConn:
             self._inside.append(0)
         while len(self.ready) > ready:
             server = self.ready.pop()
-            server.at = -1
+            server.at, server.removed_s = -1, t
             if self._inside.pop():
                 self.leaving.append(server)
+                self.drained_requests += len(server.queue)
         while self.ready and self.pending:
             self.join(self.pending.popleft(), t)
 
@@ -106,12 +112,20 @@ class LeastConn:
             server.queue.append(j)
             self._queued += 1
 
+    def drain(self) -> dict:
+        """What removed replicas served after their removal: the requests queued on them then, and the
+        slot-seconds (in replica-hours: the GPU time a replica draining its own queue holds unbilled)."""
+        return {"queued_at_removal": self.drained_requests,
+                "replica_hours_after_removal": round(self.drain_slot_s / self.k / 3600.0, 3)}
+
     def next_completion_s(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
 
     def complete(self) -> float:
         """The next completion: its slot takes the oldest (or highest-class) request of its server's queue."""
-        t, _, server = heapq.heappop(self._heap)
+        t, _, server, j = heapq.heappop(self._heap)
+        if t > server.removed_s:
+            self.drain_slot_s += t - max(server.removed_s, t - self._svc[j])
         server.busy -= 1
         self.busy -= 1
         if server.at >= 0:
@@ -125,6 +139,6 @@ class LeastConn:
 
     def _start(self, server: Server, j: int, t: float) -> None:
         self._wait[j] = t - self._arr[j]
-        heapq.heappush(self._heap, (t + self._svc[j], next(self._seq), server))
+        heapq.heappush(self._heap, (t + self._svc[j], next(self._seq), server, j))
         server.busy += 1
         self.busy += 1

@@ -399,6 +399,7 @@ class RequestSim:
                                                       // self.tick_s)) * self.tick_s)
                             for c, name in enumerate(self.classes)},
             **self._holds(),
+            **({"drain": self._queue.drain()} if isinstance(self._queue, LeastConn) else {}),
         }
 
     def _holds(self) -> dict:
