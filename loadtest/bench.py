@@ -18,7 +18,9 @@ to zero after S s without demand. Requests arriving while a model has no ready r
 how many were dropped after `--max-hold-s`. Without the flag the output is as before.
 
 `--server-priority` (request traces) has the model servers serve their queue by class, highest first, as
-vLLM's `--scheduling-policy priority`; `--seeds A-B` runs the predictive policy once per seed and prints the
+vLLM's `--scheduling-policy priority`; `--dispatch least-conn` (request traces) gives each replica its own
+queue, as nginx's `least_conn` commits each request to one server on arrival, instead of one queue feeding
+any free slot (`autoscaler/sim/dispatch.py`); `--seeds A-B` runs the predictive policy once per seed and prints the
 worst seed's verdict (`loadtest.seedbench`).
 """
 
@@ -41,6 +43,7 @@ from autoscaler.flags import number
 from autoscaler.limits import check_ticks
 from autoscaler.progress import bar as progress_bar
 from autoscaler.sim.cluster import ClusterModel
+from autoscaler.sim.dispatch import DISPATCHES
 from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import PolicyRun, SimConfig, initial_replicas, needed_replicas, run, ticks
 from autoscaler.sim.workload import CLASSES, DEFAULT_MIX, RequestWorkload, ServerModel, WorkloadConfig, build
@@ -200,6 +203,10 @@ def parse_args(argv: list[str] | None, *, prog: str = "python -m loadtest.bench"
     p.add_argument("--server-priority", action="store_true",
                    help="request traces: model servers serve their queue by class, highest first (vLLM's "
                    "--scheduling-policy priority; default: first come first served)")
+    p.add_argument("--dispatch", choices=DISPATCHES, default="shared",
+                   help="request traces: one queue feeding any free slot (shared), or a queue per replica, each "
+                   "arrival to the replica with the fewest requests (least-conn, nginx's least_conn; default: "
+                   "%(default)s)")
     p.add_argument("--policies", default=",".join(policyset.NAMES),
                    help="comma-separated policies to replay (default: "
                         "%(default)s)")
@@ -271,13 +278,16 @@ def prepare(args: argparse.Namespace) -> Setup:
     server = ServerModel(concurrency=args.concurrency)
     seeds = {} if args.seed is None else {"arrival_seed": args.seed}
     config = SimConfig(tick_s=args.tick_s, slo_s=args.slo_s, cluster=cluster, server=server,
-                       server_priority=args.server_priority, **seeds)
+                       server_priority=args.server_priority, dispatch=args.dispatch, **seeds)
     workload = build(
         trace, WorkloadConfig(peak_replicas=args.peak_replicas, scale=args.scale, classes=classes, priority_mix=mix,
                               server=server, **({} if args.seed is None else {"seed": args.seed}))
     )
     if args.server_priority and not isinstance(workload, RequestWorkload):
         raise ConfigError("--server-priority: modelled for request traces only (a rate trace has one fluid queue)")
+    if args.dispatch != "shared" and not isinstance(workload, RequestWorkload):
+        raise ConfigError(f"--dispatch {args.dispatch}: modelled for request traces only (a rate trace has one "
+                          "fluid queue)")
     check_ticks(span_s=workload.span_s, tick_s=config.tick_s, source=args.trace, error=TraceError)
     needed = needed_replicas(workload, config)
     bound = policyset.replica_bound(needed)
@@ -294,6 +304,9 @@ def prepare(args: argparse.Namespace) -> Setup:
             raise ConfigError(describe(exc, "--idle-after-s")) from None
         max_hold_s = args.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
         config = replace(config, max_hold_s=max_hold_s)
+        if args.dispatch != "shared":
+            raise ConfigError(f"--idle-after-s with --dispatch {args.dispatch}: the gateway's hold is modelled "
+                              "with the shared queue only")
     elif args.max_hold_s is not None:
         raise ConfigError("--max-hold-s needs --idle-after-s (holds happen only at zero replicas)")
     return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable,

@@ -108,4 +108,5 @@ def figures(result: RunResult, clairvoyant_gpu_hours: float | None, *, gpu_hour_
         "warm_churn": asdict(result.warm_churn),
         "wall_s": round(result.wall_s, 2),
         **({"hold": result.outcome["hold"]} if "hold" in result.outcome else {}),
+        **({"drain": result.outcome["drain"]} if "drain" in result.outcome else {}),
     }

@@ -1,14 +1,19 @@
 """Request-level simulation: every request of the trace, first-come first-served (or by class).
 
-The gateway's queue feeds any free slot of any ready replica, one FCFS queue for all (how a least-loaded
-balancer in front of vLLM behaves; vLLM itself serves FCFS by default). Priority acts only at admission:
-a request of class c is shed when its fixed U(0,1) draw is below the shed level for c at that moment. So
-with exponential service times and a fixed replica count this is exactly M/M/c, which the tests check
-against Erlang C.
+By default (`dispatch="shared"`) the gateway's queue feeds any free slot of any ready replica, one FCFS
+queue for all (an idealised balancer: nginx's `least_conn` commits each request to one server on arrival,
+the `least-conn` dispatch below). Priority acts only at admission: a request of class c is shed when its
+fixed U(0,1) draw is below the shed level for c at that moment. So with exponential service times and a
+fixed replica count this is exactly M/M/c, which the tests check against Erlang C.
 
 With `server_priority` the queue is served by (class, arrival), highest class first (vLLM's
 `--scheduling-policy priority` with the class's priority in each request), non-preemptive: a request in a
 slot keeps it. The admission signals still see one queue: its total depth.
+
+With `dispatch="least-conn"` each replica has its own queue instead (`dispatch.py`): an admitted arrival
+joins the Ready replica with the fewest requests in it, as nginx's `least_conn` commits it, and waits for
+that replica's slots; a removed replica serves what it holds. The signals' queue is the sum of the replicas'
+queues. The gateway's hold (scale to zero) is modelled with the shared queue only.
 
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
@@ -43,6 +48,7 @@ from collections import deque
 import numpy as np
 
 from autoscaler.sim.cluster import Cluster
+from autoscaler.sim.dispatch import DISPATCHES, Dispatch, LeastConn
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds, wake_start
 from policies.release import PerReplica, ReleaseOrder, room
@@ -92,7 +98,13 @@ class ClassQueue:
 class RequestSim:
     def __init__(self, workload: RequestWorkload, *, concurrency: int, slo_s: float, tick_s: float,
                  probe_s: float = 1.0, max_hold_s: float | None = None, server_priority: bool = False,
-                 service_by_completion: bool = False, ready_seen_every_s: float | None = None) -> None:
+                 service_by_completion: bool = False, ready_seen_every_s: float | None = None,
+                 dispatch: Dispatch = "shared") -> None:
+        if dispatch not in DISPATCHES:
+            raise ValueError(f"dispatch: expected one of {', '.join(DISPATCHES)}, got {dispatch!r}")
+        if dispatch != "shared" and max_hold_s is not None:
+            raise ValueError(f"dispatch {dispatch!r}: the gateway's hold (scale to zero) is modelled with the "
+                             "shared queue only")
         self.w = workload
         self.tick_s = tick_s
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
@@ -114,8 +126,12 @@ class RequestSim:
         self._i = 0
         self._busy = 0
         self.classes = workload.classes
-        self._queue: deque[int] | ClassQueue = (
+        self._queue: deque[int] | ClassQueue | LeastConn = (
             ClassQueue(self._prio, len(self.classes)) if server_priority else deque())
+        if dispatch == "least-conn":
+            self._queue = LeastConn(
+                slots=concurrency, arrival_s=self._arr, service_s=self._svc, waits=self.wait,
+                new_queue=(lambda: ClassQueue(self._prio, len(self.classes))) if server_priority else deque)
         self._heap: list[float] = []
         onehot = np.zeros((len(self.classes), n + 1))
         for c in range(len(self.classes)):
@@ -180,12 +196,15 @@ class RequestSim:
     ) -> None:
         """Serve [start, end). `guard`: per class, while the queue the admission endpoint sees is at least
         that deep, arrivals of the class are rejected (the saturation guard)."""
-        arr, svc, prio, u = self._arr, self._svc, self._prio, self._u
-        wait, shed_out = self.wait, self.shed
+        arr, svc, prio = self._arr, self._svc, self._prio
+        wait = self.wait
         heap, queue = self._heap, self._queue
         levels = [float(shed.get(c, 0.0)) for c in self.classes]
         any_shed = any(levels)
         guard = guard or Guard()
+        if isinstance(queue, LeastConn):
+            self._serve_least_conn(start, end, cluster, admission=(levels, guard))
+            return
         depth = guard.depths(self.classes)
         k = self.k
         cap = cluster.ready(start) * k
@@ -203,20 +222,7 @@ class RequestSim:
             self._per = guard.per_replica(k)
 
         def admitted(j: int, t: float) -> bool:
-            """The shed levels and the saturation guard, as the endpoint answers a request (or a held one
-            on its release); an admitted request counts in the endpoint's view of the queue."""
-            if any_shed and u[j] < levels[prio[j]]:
-                shed_out[j] = True
-                return False
-            if depth[prio[j]] < INF:
-                seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
-                                     slots=guard.slots, drain_per_s=guard.drain_per_s,
-                                     elapsed_s=t - self._probed[2])
-                if seen >= depth[prio[j]]:
-                    shed_out[j] = True
-                    return False
-            self._since += 1
-            return True
+            return self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard)
 
         def release(t: float) -> None:
             """Held requests leave, in order, as far as the Ready replicas take them."""
@@ -261,9 +267,7 @@ class RequestSim:
                     break
                 j = i
                 i += 1
-                if t >= self._next_probe:
-                    self._probed, self._since = (len(queue), busy, t), 0
-                    self._next_probe = (t // self.probe_s + 1) * self.probe_s
+                self._probe(t, queued=len(queue), busy=busy)
                 if holding and (cap == 0 or self._holding):  # held: answered on its release
                     if not self._holding and cap == 0:  # the first request of a wake
                         self._wake = wake_start(cluster.state())
@@ -288,6 +292,59 @@ class RequestSim:
                 heapq.heappush(heap, t + svc[j])
                 busy += 1
         self._busy, self._i = busy, i
+
+    def _serve_least_conn(self, start: float, end: float, cluster: Cluster, *,
+                          admission: tuple[list[float], Guard]) -> None:
+        """Serve [start, end) with a queue per replica (`dispatch.LeastConn`): each admitted arrival joins
+        the Ready replica with the fewest requests; a replica turning Ready joins empty."""
+        levels, guard = admission
+        depth, any_shed = guard.depths(self.classes), any(levels)
+        servers, arr, n, i = self._queue, self._arr, self.n, self._i
+        assert isinstance(servers, LeastConn)
+        servers.resize(cluster.ready(start), start)
+        ready_at = deque(sorted(cluster.ready_times_between(start, end)))
+        while True:
+            ta = arr[i] if i < n else INF
+            tc = servers.next_completion_s()
+            tr = ready_at[0] if ready_at else INF
+            if min(ta, tc, tr) >= end:
+                break
+            if tc <= ta and tc <= tr:
+                servers.complete()
+            elif tr <= ta:
+                turned = 0
+                while ready_at and ready_at[0] == tr:  # together: requests waiting for one spread over all
+                    ready_at.popleft()
+                    turned += 1
+                servers.resize(len(servers.ready) + turned, tr)
+            else:
+                self._probe(ta, queued=len(servers), busy=servers.busy)
+                if self._admitted(i, ta, levels=levels, any_shed=any_shed, depth=depth, guard=guard):
+                    servers.join(i, ta)
+                i += 1
+        self._busy, self._i = servers.busy, i
+
+    def _probe(self, t: float, *, queued: int, busy: int) -> None:
+        """The admission endpoint's reading of the servers, every `probe_s`."""
+        if t >= self._next_probe:
+            self._probed, self._since = (queued, busy, t), 0
+            self._next_probe = (t // self.probe_s + 1) * self.probe_s
+
+    def _admitted(self, j: int, t: float, *, levels: list[float], any_shed: bool, depth: list[float],
+                  guard: Guard) -> bool:
+        """The shed levels and the saturation guard, as the endpoint answers a request (or a held one on its
+        release); an admitted request counts in the endpoint's view of the queue."""
+        if any_shed and self._u[j] < levels[self._prio[j]]:
+            self.shed[j] = True
+            return False
+        if depth[self._prio[j]] < INF:
+            seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
+                                 slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
+            if seen >= depth[self._prio[j]]:
+                self.shed[j] = True
+                return False
+        self._since += 1
+        return True
 
     def _completed_service(self, now: float, window: float) -> Sample | None:
         """The mean service time of the requests completed in the last `window` (as vLLM's inference-time
@@ -342,6 +399,7 @@ class RequestSim:
                                                       // self.tick_s)) * self.tick_s)
                             for c, name in enumerate(self.classes)},
             **self._holds(),
+            **({"drain": self._queue.drain()} if isinstance(self._queue, LeastConn) else {}),
         }
 
     def _holds(self) -> dict:

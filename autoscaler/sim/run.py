@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autoscaler.sim.cluster import Cluster, ClusterModel, Costs, SimCluster, WarmChurn
+from autoscaler.sim.dispatch import Dispatch
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
@@ -48,6 +49,9 @@ class SimConfig:
     # The model servers serve their queue by class, highest first (vLLM's --scheduling-policy priority);
     # request-level simulation only.
     server_priority: bool = False
+    # How the gateway hands requests to replicas: "shared" (one queue feeding any free slot) or "least-conn"
+    # (a queue per replica, nginx's least_conn); request-level simulation only (sim/dispatch.py).
+    dispatch: Dispatch = "shared"
     # The service-time signal is the mean of the requests completed in the rate window (as vLLM reports it),
     # not of those that arrived and started in it; request-level simulation only.
     service_by_completion: bool = False
@@ -112,9 +116,12 @@ def traffic_sim(workload: RequestWorkload | RateWorkload, config: SimConfig) -> 
         return RequestSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s,
                           max_hold_s=config.max_hold_s, server_priority=config.server_priority,
                           service_by_completion=config.service_by_completion,
-                          ready_seen_every_s=config.ready_seen_every_s)
+                          ready_seen_every_s=config.ready_seen_every_s, dispatch=config.dispatch)
     if config.server_priority:
         raise ValueError("server priority is modelled only for request traces (rate traces have one fluid queue)")
+    if config.dispatch != "shared":
+        raise ValueError(f"dispatch {config.dispatch!r} is modelled only for request traces (rate traces have "
+                         "one fluid queue)")
     return RateSim(workload, concurrency=k, slo_s=config.slo_s, tick_s=config.tick_s, seed=config.arrival_seed,
                    max_hold_s=config.max_hold_s)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoscaler.sim.cluster import ClusterModel
+from autoscaler.sim.dispatch import Dispatch
 from autoscaler.loop import HELD_TICK_S
 from autoscaler.sim.hold import default_max_hold_s
 from autoscaler.sim.run import SimConfig
@@ -50,6 +51,9 @@ class E2EConfig:
     # the load generator sends each request's class as vLLM's `priority` (what the gateway would write into the
     # body, docs/priority-scheduling.md); the twin's servers do the same. False: first come first served.
     server_priority: bool = False
+    # The twin's gateway: one queue feeding any free slot ("shared"), or a queue per replica ("least-conn",
+    # what nginx's least_conn in front of the fake servers does; autoscaler/sim/dispatch.py).
+    dispatch: Dispatch = "shared"
     # "actuate": the controller scales the Deployment; "keda": it publishes over gRPC and KEDA's operator and
     # HPA scale it (`loadtest.e2e.kedamode`)
     mode: str = "actuate"
@@ -95,7 +99,7 @@ class E2EConfig:
         held = hold_s is not None
         return SimConfig(tick_s=self.tick_s, slo_s=self.slo_s, cluster=cluster, server=self.server, max_hold_s=hold_s,
                          service_by_completion=held, ready_seen_every_s=HELD_TICK_S * self.factor if held else None,
-                         server_priority=self.server_priority)
+                         server_priority=self.server_priority, dispatch=self.dispatch)
 
     def server_args(self) -> list[str]:
         """The fake servers' scheduling policy, as `loadtest.fleet`'s arguments."""
