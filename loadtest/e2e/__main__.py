@@ -1,9 +1,12 @@
-"""python -m loadtest.e2e --scenario NAME [--factor K] [--json] [--out DIR]
+"""python -m loadtest.e2e --scenario NAME [--factor K] [--json] [--out DIR] [--repeat N]
 
 Runs one closed-loop scenario (or `all`) on loopback: a real control plane with Karpenter, the model
 Deployment driven by `autoscaler run`, a fleet of fake vLLM servers behind nginx, Prometheus, and an
 open-loop load generator; prints the figures, the simulator's prediction and the scenario's checks, and
-writes result.json, the timeline and a PNG into --out. Exit status 1 when a check fails."""
+writes result.json, the timeline and a PNG into --out. Exit status 1 when a check fails.
+
+`--repeat N` runs the scenario N times one after the other (each into `--out/NAME/run-K`), prints each
+run's checks as it ends, then the pass count: a live drill's verdict is a count over runs, not one run."""
 
 from __future__ import annotations
 
@@ -93,6 +96,26 @@ def table(docs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return n
+
+
+def _repeat(name: str, *, factor: float, out: Path, runs: int) -> int:
+    """`runs` runs of one scenario in a row; every run counts (none is retried or left out)."""
+    passed = []
+    for k in range(1, runs + 1):
+        doc = run_scenario(name, factor=factor, out=out / f"run-{k}")
+        passed.append(bool(doc["passed"]))
+        print(f"run {k} of {runs}: {'passed' if doc['passed'] else 'FAILED'}", flush=True)
+        print(_summary(doc), flush=True)
+    streak = next((k for k, ok in enumerate(passed) if not ok), runs)
+    print(f"{name}: {sum(passed)} of {runs} runs passed every check; the first {streak} in a row", flush=True)
+    return 0 if all(passed) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.e2e", description=" ".join(__doc__.split("\n\n")[1].split()))
     p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS) + ["all"],
@@ -105,7 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON document (a list for `all`; default: a summary)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: print the table of the result.json files already in --out (default: run)")
+    p.add_argument("--repeat", type=_positive, default=1, metavar="N",
+                   help="run one scenario N times in a row, each into --out/NAME/run-K, and print the pass count "
+                        "(default: %(default)s)")
     args = p.parse_args(argv)
+    if args.repeat > 1:
+        if args.scenario == "all" or args.table_only or args.json:
+            p.error("--repeat runs one scenario, printing summaries: not with `all`, --table-only or --json")
+        return _repeat(args.scenario, factor=args.factor, out=args.out / args.scenario, runs=args.repeat)
     names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
     docs = []
     for name in names:
