@@ -6,11 +6,20 @@ Defaults follow from principles, not from any trace:
 - capacity: a replica serves `replica_concurrency` requests at once (vLLM's max_num_seqs); the number of
   slots needed for an arrival rate is sized with Erlang C so that P(queue wait > SLO) stays under
   `slo_miss_target_ratio`.
+- queues at the gateway: Erlang C pools every slot into one queue, as a gateway that holds requests until a
+  slot frees (or the simulator's `--dispatch shared`) does. A least-connections gateway (the shipped nginx
+  `least_conn`) commits each request to one server's queue on arrival, and one server's queue can wait while
+  another has a free slot. `gateway_queues: per-replica` counts one slot per replica as lost to that imbalance:
+  the Erlang C slots are ordered in replicas of k - 1 usable slots, at most k / (k - 1) more replicas (16
+  slots: 6.7 % more). With k = 1 the one slot is kept (a replica never counts for less than one slot), so
+  per-replica sizes as shared does.
 - stabilization: never release capacity that could not come back before it may be needed again, so the
   scale-down window is at least the full cold-start time.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +34,10 @@ class PolicySpec(BaseModel):
     max_replicas: int = Field(64, ge=1, description="Never more replicas than this.")
     tick_s: float = Field(15.0, ge=1, le=300, description="Control-loop period (at least 1 s).")
     replica_concurrency: int = Field(16, ge=1, description="Requests one replica serves at once.")
+    gateway_queues: Literal["shared", "per-replica"] = Field(
+        "shared", description="How the gateway queues requests: shared (one queue any free slot serves) or "
+        "per-replica (each request waits in the queue of the server it was sent to, e.g. least-connections); "
+        "per-replica sizes with replica_concurrency - 1 usable slots per replica (at least 1).")
     initial_service_time_s: float = Field(
         2.0, gt=0, description="Mean time a request occupies a slot, until learned from in-flight/arrivals."
     )
@@ -159,6 +172,21 @@ class PolicySpec(BaseModel):
     def classes(self) -> tuple[str, ...]:
         """The priority classes, highest first: the order of every per-class figure and column."""
         return tuple(sorted(self.priorities, key=lambda name: -self.priorities[name]))
+
+    @property
+    def queueing_slots_per_replica(self) -> int:
+        """Slots per replica the Erlang C sizing counts: one fewer behind per-replica queues (never below 1)."""
+        if self.gateway_queues == "per-replica":
+            return max(1, self.replica_concurrency - 1)
+        return self.replica_concurrency
+
+    @property
+    def queueing_note(self) -> str:
+        """What the reasons say about the sizing's slots per replica ("" with a shared queue)."""
+        if self.gateway_queues == "shared":
+            return ""
+        k = self.replica_concurrency
+        return f"; per-replica gateway queues: {self.queueing_slots_per_replica} of {k} slots per replica sized"
 
     @property
     def season_buckets(self) -> int:

@@ -61,7 +61,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         replicas = replicas_for_rate(spec, predicted[1] * sizing, tick.service_s)
         lines.append(
             f"predictive: {replicas} replicas for upper forecast {predicted[1]:.1f} req/s "
-            f"(mean {predicted[0]:.1f}, {fs.kind}, headroom {sizing:.2f}) at +{tick.lead_s:.0f} s"
+            f"(mean {predicted[0]:.1f}, {fs.kind}, headroom {sizing:.2f}) at +{tick.lead_s:.0f} s{spec.queueing_note}"
         )
         early = _early(spec, tick, replicas)
         if early > 0:

@@ -4,6 +4,7 @@
   the current queue within the SLO (q requests x E[S] / SLO). E.g. 30 req/s x 2 s = 60 busy slots; for a
   2 s SLO at 0.1 % misses Erlang C asks for 66 slots -> 5 replicas of 16; a queue of 40 adds
   40 x 2 / 2 = 40 slots, (66 + 40) / 16 -> 7 replicas.
+  Behind per-replica gateway queues (`gateway_queues`) the slots fill replicas of k - 1 (spec.py).
 - p99 above its target adds 10 % (at least one replica) to what is ready.
 - GPU memory headroom below its floor scales ready replicas so usage falls back to 1 - floor.
 - token rate over a per-replica token target, when configured.
@@ -65,7 +66,8 @@ def reactive(
             miss_ratio=spec.slo_miss_target_ratio,
         )
         drain = (queue or 0.0) * service_s / spec.slo_queue_wait_s
-        needs.append((math.ceil((slots + drain) / k), f"{rate:.1f} req/s x {service_s:.2f} s, queue {queue or 0:.0f}"))
+        needs.append((math.ceil((slots + drain) / spec.queueing_slots_per_replica),
+                      f"{rate:.1f} req/s x {service_s:.2f} s, queue {queue or 0:.0f}{spec.queueing_note}"))
     elif clean.in_flight is not None:
         # No demand rate: in-flight plus queue is a lower bound on busy slots.
         busy = clean.in_flight + (queue or 0.0)

@@ -2,7 +2,8 @@
 
 Demand is the arrival rate, plus the rate needed to drain the queue within the SLO unless the saturation
 guard (below) covers every sheddable class; capacity is the arrival rate that ready slots serve with
-P(wait > SLO) <= `SHED_MISS_RATIO`. The excess is taken from the lowest priority class first, as a fraction
+P(wait > SLO) <= `SHED_MISS_RATIO` (k - 1 slots per replica behind per-replica gateway queues, as sizing
+counts them: `PolicySpec.gateway_queues`). The excess is taken from the lowest priority class first, as a fraction
 of that class's arrivals, then the next, but only from classes below `shed_priority_below`: the highest
 priority is never shed. Recomputed every tick, so shedding stops as capacity arrives.
 
@@ -76,7 +77,7 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[
     if rate is None or cluster is None or not sheddable:
         return levels, []
     capacity = rate_within_slo(
-        servers=cluster.ready_replicas * spec.replica_concurrency,
+        servers=cluster.ready_replicas * spec.queueing_slots_per_replica,
         service_s=service_s,
         wait_s=spec.slo_queue_wait_s,
         miss_ratio=SHED_MISS_RATIO,
@@ -97,7 +98,8 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[
         fraction = min(1.0, excess / class_rate)
         levels[name] = round(fraction, 3)
         excess -= fraction * class_rate
-        reasons.append(f"shedding: {fraction:.0%} of {name} ({demand:.1f} req/s demand > {capacity:.1f} ready)")
+        reasons.append(f"shedding: {fraction:.0%} of {name} ({demand:.1f} req/s demand > {capacity:.1f} ready"
+                       f"{spec.queueing_note})")
     return levels, reasons
 
 
