@@ -11,6 +11,7 @@ import pytest
 
 import policies
 from policies import ClusterState, PolicySpec, Sample, Signals, engine, initial_state
+from policies.stages import sanitize
 from policies.types import ForecastState, PolicyState, Tick
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,6 +135,18 @@ def test_a_copy_that_changes_nothing_is_the_original_and_an_equal_value_still_co
     assert tick.then(["a"]) is not tick and tick.then(["a"]).reasons == ("a", "a")
     with pytest.raises(TypeError, match="no field"):
         tick.then(replica=tick.replicas)
+
+
+def test_sanitize_keeps_the_state_when_nothing_new_is_reported():
+    """The signals seen are remembered as a set; a tick that reports none it has not seen keeps the very set,
+    and with it the state (nothing to copy); a new signal joins it."""
+    cluster = ClusterState(spec_replicas=4, ready_replicas=4, at_s=0.0)
+    first = Signals(cluster=cluster, arrival_rate_per_s=Sample(10.0, 0.0))
+    state = sanitize.stage(PolicySpec(), Tick(signals=first, now=0.0, state=initial_state())).state
+    assert sanitize.stage(PolicySpec(), Tick(signals=first, now=0.0, state=state)).state is state
+    more = Signals(cluster=cluster, arrival_rate_per_s=Sample(10.0, 0.0), queue_depth=Sample(0.0, 0.0))
+    grown = sanitize.stage(PolicySpec(), Tick(signals=more, now=0.0, state=state)).state
+    assert grown.seen == state.seen | {"queue_depth"} and "queue_depth" not in state.seen
 
 
 @pytest.mark.parametrize("kind, name", [(PolicyState, f.name) for f in fields(PolicyState)]
