@@ -106,13 +106,14 @@ class Clean:
     held_requests: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no __slots__: `changed` copies its __dict__, as PolicyState's does
 class ForecastState:
     """Bucketed demand history and the fitted exponential-smoothing model.
 
     The model is refitted by statsmodels on a schedule; between refits each closed bucket updates level,
     trend and season with the Holt-Winters recursion using the fitted smoothing parameters (cheap, exact
-    continuation of the fitted filter)."""
+    continuation of the fitted filter). The forecaster copies it two to three times a tick, with `changed`:
+    `dataclasses.replace` runs the frozen `__init__`, one guarded assignment for each of its 29 fields."""
 
     bucket_start_s: float | None = None  # None: the history has not begun (see forecast.py, "Before the first request")
     # When the model's first request was read (its first non-zero arrival rate) while the history had not begun.
@@ -159,6 +160,11 @@ class ForecastState:
     # the previous parameters stand in; None once a refit ran.
     unfitted: str | None = None
 
+    def changed(self, **changes: Any) -> "ForecastState":
+        """This state with `changes`, in one copy (none if every change is what its field holds): the same
+        value `dataclasses.replace` gives (ForecastState has no `__post_init__`)."""
+        return _copy(self, changes, names=_FORECAST_STATE_FIELDS)
+
 
 @dataclass(frozen=True)  # no __slots__: `changed` copies its __dict__, as Tick.then does
 class PolicyState:
@@ -196,8 +202,9 @@ class PolicyState:
     woke_onto: str | None = None
 
     def changed(self, **changes: Any) -> "PolicyState":
-        """This state with `changes`, in one copy: the same value `dataclasses.replace` gives (PolicyState has
-        no `__post_init__`), without its frozen `__init__` of one guarded assignment per field."""
+        """This state with `changes`, in one copy (none if every change is what its field holds): the same
+        value `dataclasses.replace` gives (PolicyState has no `__post_init__`), without its frozen `__init__`
+        of one guarded assignment per field."""
         return _copy(self, changes, names=_POLICY_STATE_FIELDS)
 
 
@@ -269,7 +276,7 @@ class Tick:
     reasons: tuple[str, ...] = ()
 
     def then(self, lines: Iterable[str] = (), **changes: Any) -> "Tick":
-        """This tick with `changes` and more reason lines, in one copy.
+        """This tick with `changes` and more reason lines, in one copy (none if there is nothing to add).
 
         Why not `dataclasses.replace`: it runs the frozen `__init__`, one guarded `object.__setattr__` per
         field, about 4.3 us for Tick's fields when it had 25; fifteen stages copy the tick each call, so that was a
@@ -295,15 +302,30 @@ def _copy(value: _Frozen, changes: dict[str, Any], *, names: frozenset[str]) -> 
     unknown = changes.keys() - names
     if unknown:
         raise TypeError(f"{type(value).__name__} has no field(s) {sorted(unknown)}")
+    current = value.__dict__
+    if _holds_already(current, changes):
+        return value
     new = object.__new__(type(value))
     values = new.__dict__
-    values.update(value.__dict__)
+    values.update(current)
     values.update(changes)
     return new
+
+
+def _holds_already(current: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """Whether every change is the very object its field holds: then the copy would equal the original in
+    every field, bit for bit, and a frozen value cannot tell a copy from itself, so the original is returned.
+    About a quarter of a steady tick's copies change nothing (a stage that found nothing to add, a state
+    whose learned ratio stayed, the last replicas decided again); identity, not `==`, since 0.0 == -0.0."""
+    for name, new in changes.items():
+        if current[name] is not new:
+            return False
+    return True
 
 
 # The names a copy may change.
 _TICK_FIELDS = frozenset(f.name for f in fields(Tick))
 _POLICY_STATE_FIELDS = frozenset(f.name for f in fields(PolicyState))
-# The classes copied through their instance dict: neither has a `__post_init__` (tests/test_pipeline.py).
-_DICT_COPIED = (Tick, PolicyState)
+_FORECAST_STATE_FIELDS = frozenset(f.name for f in fields(ForecastState))
+# The classes copied through their instance dict: none has a `__post_init__` (tests/test_pipeline.py).
+_DICT_COPIED = (Tick, PolicyState, ForecastState)

@@ -1,6 +1,7 @@
 """The stage order is written once, in `policies.engine.STAGES`: docs/stages.md and the stage modules'
 docstrings are numbered from it, and `decide` is a fold over it."""
 
+import math
 import re
 import sys
 from dataclasses import dataclass, fields, replace
@@ -10,7 +11,8 @@ import pytest
 
 import policies
 from policies import ClusterState, PolicySpec, Sample, Signals, engine, initial_state
-from policies.types import PolicyState, Tick
+from policies.stages import sanitize
+from policies.types import ForecastState, PolicyState, Tick
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES_DOC = ROOT / "docs" / "stages.md"
@@ -121,18 +123,47 @@ def test_a_state_copy_is_the_value_replace_gives_frozen_and_checks_its_field_nam
         state.changed(last_replica=4)
 
 
-@pytest.mark.parametrize("name", sorted(f.name for f in fields(PolicyState)))
-def test_a_state_copy_changes_every_field_as_replace_does(name):
-    state, value = initial_state(), object()  # a value no field holds by default
+def test_a_copy_that_changes_nothing_is_the_original_and_an_equal_value_still_copies():
+    """A change to the very object a field holds returns the original (nothing to copy); a value that is only
+    equal (-0.0 and 0.0, a float computed afresh) is still copied in, so the fields keep their bits."""
+    state = initial_state().changed(headroom_ratio=0.0, seen=frozenset({"queue_depth"}))
+    assert state.changed(headroom_ratio=state.headroom_ratio, seen=state.seen) is state
+    negative = state.changed(headroom_ratio=-0.0)
+    assert negative is not state and math.copysign(1.0, negative.headroom_ratio) == -1.0
+    tick = Tick(signals=Signals(), now=0.0, state=state, reasons=("a",))
+    assert tick.then() is tick and tick.then((), state=state, replicas=0) is tick
+    assert tick.then(["a"]) is not tick and tick.then(["a"]).reasons == ("a", "a")
+    with pytest.raises(TypeError, match="no field"):
+        tick.then(replica=tick.replicas)
+
+
+def test_sanitize_keeps_the_state_when_nothing_new_is_reported():
+    """The signals seen are remembered as a set; a tick that reports none it has not seen keeps the very set,
+    and with it the state (nothing to copy); a new signal joins it."""
+    cluster = ClusterState(spec_replicas=4, ready_replicas=4, at_s=0.0)
+    first = Signals(cluster=cluster, arrival_rate_per_s=Sample(10.0, 0.0))
+    state = sanitize.stage(PolicySpec(), Tick(signals=first, now=0.0, state=initial_state())).state
+    assert sanitize.stage(PolicySpec(), Tick(signals=first, now=0.0, state=state)).state is state
+    more = Signals(cluster=cluster, arrival_rate_per_s=Sample(10.0, 0.0), queue_depth=Sample(0.0, 0.0))
+    grown = sanitize.stage(PolicySpec(), Tick(signals=more, now=0.0, state=state)).state
+    assert grown.seen == state.seen | {"queue_depth"} and "queue_depth" not in state.seen
+
+
+@pytest.mark.parametrize("kind, name", [(PolicyState, f.name) for f in fields(PolicyState)]
+                         + [(ForecastState, f.name) for f in fields(ForecastState)])
+def test_a_state_copy_changes_every_field_as_replace_does(kind, name):
+    state, value = kind(), object()  # a value no field holds by default
     copy = state.changed(**{name: value})
     assert copy == replace(state, **{name: value}) and getattr(copy, name) is value
-    assert all(getattr(copy, f.name) is getattr(state, f.name) for f in fields(PolicyState) if f.name != name)
+    assert all(getattr(copy, f.name) is getattr(state, f.name) for f in fields(kind) if f.name != name)
+    with pytest.raises(TypeError, match=f"{kind.__name__} has no field"):
+        state.changed(**{name + "_": value})
 
 
 def test_the_dict_copy_skips_no_validation_a_subclass_adds():
     """The dict copy skips `__init__`: it is only right while neither class has a `__post_init__`; a subclass
     that validates (or adds fields) is copied by `dataclasses.replace`."""
-    assert not hasattr(PolicyState, "__post_init__") and not hasattr(Tick, "__post_init__")
+    assert not any(hasattr(kind, "__post_init__") for kind in (PolicyState, Tick, ForecastState))
 
     @dataclass(frozen=True)
     class Checked(PolicyState):

@@ -25,7 +25,6 @@ A tick without a measured rate scores nothing; bounds due then are dropped.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from policies.spec import PolicySpec
 from policies.types import ForecastState
@@ -42,10 +41,10 @@ def scored(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) 
         return fs
     issued = tuple(e for e in fs.issued if e[0] > now)
     if rate is None:
-        return replace(fs, issued=issued)
+        return fs.changed(issued=issued)
     new = tuple(min(MAX_SCORE, rate / upper) if upper > 0 else MAX_SCORE for upper in due)
     kept = max(MIN_SCORES, int(spec.burst_lookback_s / spec.tick_s))
-    return replace(fs, issued=issued, scores=(fs.scores + new)[-kept:])
+    return fs.changed(issued=issued, scores=(fs.scores + new)[-kept:])
 
 
 def issue(fs: ForecastState, *, now: float, lead_s: float, upper: float) -> ForecastState:
@@ -53,7 +52,7 @@ def issue(fs: ForecastState, *, now: float, lead_s: float, upper: float) -> Fore
     one lead time of its return (see the module docstring)."""
     if fs.interrupted_per_s is not None and (fs.returned_at_s is None or now - fs.returned_at_s < lead_s):
         return fs
-    return replace(fs, issued=fs.issued + ((now + lead_s, upper),))
+    return fs.changed(issued=fs.issued + ((now + lead_s, upper),))
 
 
 def factor(spec: PolicySpec, fs: ForecastState) -> float | None:

@@ -90,7 +90,6 @@ import bisect
 import functools
 import math
 import warnings
-from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -130,18 +129,18 @@ _RATIO_FLOOR_BUCKETS = 12
 def _step(fs: ForecastState, y: float) -> ForecastState:
     """Advance the model by one observed bucket."""
     if fs.kind == "none":
-        return replace(fs, kind="level", level=y)
+        return fs.changed(kind="level", level=y)
     if fs.kind == "level":
-        return replace(fs, level=fs.level + _LEVEL_ALPHA * (y - fs.level))
+        return fs.changed(level=fs.level + _LEVEL_ALPHA * (y - fs.level))
     prev_level, prev_trend = fs.level, fs.trend
     season_now = fs.season[fs.season_pos] if fs.season else 0.0
     level = fs.alpha * (y - season_now) + (1 - fs.alpha) * (prev_level + fs.phi * prev_trend)
     trend = fs.beta * (level - prev_level) + (1 - fs.beta) * fs.phi * prev_trend
     if not fs.season:
-        return replace(fs, level=level, trend=trend)
+        return fs.changed(level=level, trend=trend)
     s = fs.gamma * (y - prev_level - fs.phi * prev_trend) + (1 - fs.gamma) * season_now
     season = fs.season[: fs.season_pos] + (s,) + fs.season[fs.season_pos + 1 :]
-    return replace(fs, level=level, trend=trend, season=season, season_pos=(fs.season_pos + 1) % len(season))
+    return fs.changed(level=level, trend=trend, season=season, season_pos=(fs.season_pos + 1) % len(season))
 
 
 def point(fs: ForecastState, steps: int) -> float:
@@ -168,12 +167,11 @@ def _fit(spec: PolicySpec, fs: ForecastState, now: float, *, fit: Fitter | None 
     try:
         fitted = (fit if fit is not None else in_process)(y.tobytes(), m, seasonal)
     except FitUnavailable as exc:  # the previous parameters stay; the refit stays due (see `Fitter`)
-        return replace(fs, unfitted=str(exc))
+        return fs.changed(unfitted=str(exc))
     if fitted is None:
-        return replace(fs, fitted_at_s=now)
+        return fs.changed(fitted_at_s=now)
     alpha, beta, phi, level, trend, gamma, season = fitted
-    return replace(
-        fs,
+    return fs.changed(
         kind="holt-winters" if seasonal else "holt",
         fitted_at_s=now,
         fitted_buckets=len(y),
@@ -274,7 +272,7 @@ def _close_buckets(spec: PolicySpec, fs: ForecastState, now: float) -> ForecastS
             fs = _step(fs, values[-1])
     history = (fs.history + tuple(values))[-kept:]
     start = opened_s + (skipped + 1) * width
-    return replace(fs, history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
+    return fs.changed(history=history, bucket_start_s=start, bucket_sum=0.0, bucket_n=0)
 
 
 def observe(
@@ -299,17 +297,18 @@ def observe(
     if _implausible_drop(spec, fs, rate):
         since = fs.outage_since_s if fs.outage_since_s is not None else now
         if fs.interrupted_per_s is None or fs.returned_at_s is not None:
-            fs = replace(fs, interrupted_per_s=point(fs, 1), returned_at_s=None, interrupted_at_s=now,
-                         interrupted_protected_ratio=fs.protected_share_ratio)
+            fs = fs.changed(interrupted_per_s=point(fs, 1), returned_at_s=None, interrupted_at_s=now,
+                            interrupted_protected_ratio=fs.protected_share_ratio)
         if now - since < spec.outage_hold_s:  # not learned, not scored: the forecast holds
-            return replace(calibration.scored(spec, fs, None, now), outage_since_s=since)
+            return calibration.scored(spec, fs, None, now).changed(outage_since_s=since)
     elif fs.outage_since_s is not None:
-        fs = replace(fs, outage_since_s=None)
-    if protected is not None:
-        fs = replace(fs, protected_share_ratio=protected)
+        fs = fs.changed(outage_since_s=None)
+    # The share measured now is only stored until a silence reads it (above), so it joins the tick's last
+    # copy rather than making one of its own.
+    protected = fs.protected_share_ratio if protected is None else protected
     fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
-        fs = replace(fs, bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
+        fs = fs.changed(bucket_start_s=math.floor(now / spec.forecast_bucket_s) * spec.forecast_bucket_s)
     ratios, ratios_sorted = fs.ratios, fs.ratios_sorted
     if fs.kind != "none":
         expected = point(fs, 1)
@@ -318,8 +317,8 @@ def observe(
             ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
             ratios, ratios_sorted = _slide(ratios, ratios_sorted, ratio, kept=_kept(spec))
     rates, rates_sorted = _slide(fs.rates, fs.rates_sorted, rate, kept=_kept(spec))
-    return replace(fs, bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates,
-                   ratios_sorted=ratios_sorted, rates_sorted=rates_sorted)
+    return fs.changed(bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates,
+                      ratios_sorted=ratios_sorted, rates_sorted=rates_sorted, protected_share_ratio=protected)
 
 
 def _begun(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) -> tuple[ForecastState, bool]:
@@ -331,7 +330,7 @@ def _begun(spec: PolicySpec, fs: ForecastState, rate: float | None, now: float) 
     if first_s is None:
         if not rate:  # no reading, or a zero before any request: not a level the model served
             return fs, False
-        fs, first_s = replace(fs, first_demand_s=now), now
+        fs, first_s = fs.changed(first_demand_s=now), now
     return fs, now - first_s >= (spec.rate_window_s or 0.0)
 
 
@@ -342,10 +341,10 @@ def _silence(spec: PolicySpec, fs: ForecastState, rate: float, now: float) -> Fo
         return fs
     if fs.returned_at_s is not None:
         if now - fs.returned_at_s >= spec.burst_lookback_s:
-            return replace(fs, interrupted_per_s=None, returned_at_s=None)
+            return fs.changed(interrupted_per_s=None, returned_at_s=None)
         return fs
     if rate >= _RETURN_RATIO * fs.interrupted_per_s:
-        return replace(fs, returned_at_s=now)
+        return fs.changed(returned_at_s=now)
     return fs
 
 

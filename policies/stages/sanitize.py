@@ -187,7 +187,10 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     state = tick.state
     clean, counter = sanitize(spec, tick.signals, state.last_counter, tick.now, state.seen)
     clean = nothing_serving(spec, clean, state.woke_at_s)
-    state = state.changed(last_counter=counter, seen=state.seen | present(tick.signals))
+    reported = present(tick.signals)
+    # The same set kept while nothing new is reported (every tick once all are): a state copy spared.
+    seen = state.seen if reported <= state.seen else state.seen | reported
+    state = state.changed(last_counter=counter, seen=seen)
     current = clean.cluster.spec_replicas if clean.cluster else (state.last_replicas or 0)
     hold = "no usable cluster state" if clean.cluster is None else None
     return tick.then(state=state, clean=clean, current=current, hold=hold)
