@@ -11,8 +11,9 @@ Defaults follow from principles, not from any trace:
   `least_conn`) commits each request to one server's queue on arrival, and one server's queue can wait while
   another has a free slot. `gateway_queues: per-replica` counts one slot per replica as lost to that imbalance:
   the Erlang C slots are ordered in replicas of k - 1 usable slots, at most k / (k - 1) more replicas (16
-  slots: 6.7 % more). With k = 1 the one slot is kept (a replica never counts for less than one slot), so
-  per-replica sizes as shared does.
+  slots: 6.7 % more). Measured behind least connections over the pods only, at k = 8 and 16; refused below
+  k = 3 (at k = 1 it would size as shared, too few; at k = 2 twice shared, too many). Behind a plain Service
+  (random routing per connection) the imbalance is far larger than one slot: neither setting holds there.
 - stabilization: never release capacity that could not come back before it may be needed again, so the
   scale-down window is at least the full cold-start time.
 """
@@ -36,8 +37,9 @@ class PolicySpec(BaseModel):
     replica_concurrency: int = Field(16, ge=1, description="Requests one replica serves at once.")
     gateway_queues: Literal["shared", "per-replica"] = Field(
         "shared", description="How the gateway queues requests: shared (one queue any free slot serves) or "
-        "per-replica (each request waits in the queue of the server it was sent to, e.g. least-connections); "
-        "per-replica sizes with replica_concurrency - 1 usable slots per replica (at least 1).")
+        "per-replica (each request waits in the queue of the server a least-connections balancer over the pods "
+        "sent it to); per-replica sizes with replica_concurrency - 1 usable slots per replica and needs "
+        "replica_concurrency >= 3. Not for a plain Service's random routing, whose imbalance is larger.")
     initial_service_time_s: float = Field(
         2.0, gt=0, description="Mean time a request occupies a slot, until learned from in-flight/arrivals."
     )
@@ -152,6 +154,12 @@ class PolicySpec(BaseModel):
                 f"guard_priority_below ({self.guard_priority_below}) would reject the highest priority "
                 f"({max(self.priorities.values())}); the highest priority is always admitted"
             )
+        if self.gateway_queues == "per-replica" and self.replica_concurrency < 3:
+            raise ValueError(
+                f"gateway_queues: per-replica needs replica_concurrency >= 3 (got {self.replica_concurrency}): "
+                "one slot per replica counted as lost to the balancer holds behind least connections at 8 or 16 "
+                "slots, not at 1 (too few replicas) or 2 (twice too many); use shared"
+            )
         if self.saturation_wait_ratio > self.saturation_wait_max_ratio:
             raise ValueError(
                 f"saturation_wait_ratio ({self.saturation_wait_ratio}) must not exceed saturation_wait_max_ratio "
@@ -175,9 +183,9 @@ class PolicySpec(BaseModel):
 
     @property
     def queueing_slots_per_replica(self) -> int:
-        """Slots per replica the Erlang C sizing counts: one fewer behind per-replica queues (never below 1)."""
+        """Slots per replica the Erlang C sizing counts: one fewer behind per-replica queues (k >= 3 there)."""
         if self.gateway_queues == "per-replica":
-            return max(1, self.replica_concurrency - 1)
+            return self.replica_concurrency - 1
         return self.replica_concurrency
 
     @property
