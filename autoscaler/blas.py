@@ -17,6 +17,9 @@ Design:
   it imports the replay (its fits run in it); `loadtest` caps its own processes when the package is imported
   (every `python -m loadtest.X` imports it before numpy). The controller's process is left as it is: its
   refits run in the child, and with or without the cap it holds the same memory (docs/speed.md).
+- What the harness starts of the product: `loadtest` caps its own process, and a child inherits its
+  environment; the controller it starts (`autoscaler run`, as a Deployment runs it) gets `uncapped`, the
+  environment without the variables this process added, so the closed loop runs the controller as shipped.
 - Decisions: a different thread count could in principle round a fit differently; the replay digests of
   every policy on every shared trace are the same with one thread as with the default (docs/speed.md).
 """
@@ -28,6 +31,7 @@ import sys
 from typing import Mapping, MutableMapping
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_ADDED: set[str] = set()  # the variables `cap_this_process` set in this process's environment
 
 
 def user_set(environ: Mapping[str, str]) -> bool:
@@ -50,5 +54,13 @@ def capped(environ: Mapping[str, str]) -> dict[str, str]:
 def cap_this_process() -> bool:
     """Cap this process's BLAS threads (see `capped`). Only libraries not loaded yet see the cap: False
     when numpy was imported before (its OpenBLAS keeps its threads; scipy's, loaded later, is capped)."""
+    if not user_set(os.environ):
+        _ADDED.update(THREAD_VARS)
     _cap(os.environ)
     return "numpy" not in sys.modules
+
+
+def uncapped(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `environ` without the variables `cap_this_process` added here (a user's are kept): for the
+    product's own processes the harness starts, which run as shipped."""
+    return {name: value for name, value in environ.items() if name not in _ADDED}

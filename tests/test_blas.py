@@ -140,3 +140,29 @@ def test_autoscaler_replay_runs_its_fits_on_one_blas_thread_unless_the_user_set_
     out = subprocess.run([sys.executable, "-c", _REPLAY], env=_clean_env(**user), capture_output=True, text=True,
                          timeout=60, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == threads
+
+
+_CONTROLLER_ENV = """
+import json, pathlib
+import loadtest.e2e.stack as stack
+from autoscaler.blas import THREAD_VARS
+seen = {}
+class Popen:
+    def __init__(self, argv, **kw):
+        seen.update({k: kw["env"].get(k) for k in THREAD_VARS})
+stack.subprocess.Popen = Popen
+log = pathlib.Path("/dev/null")
+stack.ControllerProcess("c", config_file="c.yaml", http_port=1, admission_port=2, log=log).start("k")
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("user, expected", [({}, dict.fromkeys(THREAD_VARS)),
+                                             ({"OMP_NUM_THREADS": "3"}, {**dict.fromkeys(THREAD_VARS),
+                                                                          "OMP_NUM_THREADS": "3"})])
+def test_the_controller_the_harness_starts_runs_as_shipped_not_capped(user, expected):
+    """The harness caps its own process on import; the `autoscaler run` it starts gets the environment
+    without what the cap added (a Deployment sets no thread count), and a user's own setting unchanged."""
+    out = subprocess.run([sys.executable, "-c", _CONTROLLER_ENV], env=_clean_env(**user), capture_output=True,
+                         text=True, timeout=120, check=True, cwd=ROOT)
+    assert json.loads(out.stdout.splitlines()[-1]) == expected

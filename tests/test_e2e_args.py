@@ -33,6 +33,8 @@ def _fake_runs(verdicts):
     def fake_run(name, *, factor, out):
         passed = verdicts[len(seen)]
         seen.append(out)
+        if passed is None:
+            raise TimeoutError("the stack did not come up")
         return {"scenario": name, "factor": factor, "requests": 1, "lost_requests": 0, "gpu_hours": 1.0,
                 "slo_attainment": {}, "shed_fraction": {}, "p99_latency_s": {},
                 "simulated": {"gpu_hours": 1.0, "slo_attainment": {}, "shed_fraction": {}},
@@ -65,3 +67,13 @@ def test_repeat_refuses_what_it_cannot_do(argv, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         e2e_main.main(["--scenario", "doubling", *argv])
     assert exc.value.code == 2
+
+
+def test_repeat_counts_a_run_that_breaks_as_failed_and_goes_on(tmp_path, monkeypatch, capsys):
+    fake_run, seen = _fake_runs([True, None, True])
+    monkeypatch.setattr(e2e_main, "run_scenario", fake_run)
+    assert e2e_main.main(["--scenario", "doubling", "--out", str(tmp_path), "--repeat", "3"]) == 1
+    assert len(seen) == 3
+    out = capsys.readouterr().out
+    assert "run 2 of 3: FAILED, it did not complete: TimeoutError: the stack did not come up" in out
+    assert "doubling: 2 of 3 runs passed every check; the first 1 in a row" in out

@@ -107,7 +107,12 @@ def _repeat(name: str, *, factor: float, out: Path, runs: int) -> int:
     """`runs` runs of one scenario in a row; every run counts (none is retried or left out)."""
     passed = []
     for k in range(1, runs + 1):
-        doc = run_scenario(name, factor=factor, out=out / f"run-{k}")
+        try:
+            doc = run_scenario(name, factor=factor, out=out / f"run-{k}")
+        except Exception as exc:  # a run that breaks (set-up timed out, a server died) is a failed run
+            passed.append(False)
+            print(f"run {k} of {runs}: FAILED, it did not complete: {type(exc).__name__}: {exc}", flush=True)
+            continue
         passed.append(bool(doc["passed"]))
         print(f"run {k} of {runs}: {'passed' if doc['passed'] else 'FAILED'}", flush=True)
         print(_summary(doc), flush=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from autoscaler.blas import uncapped
 from autoscaler.kube.pods import pod_facts
 from loadtest.e2e import kedamode
 from loadtest.e2e.config import E2EConfig
@@ -135,7 +136,7 @@ class ControllerProcess:
         sink = self.log.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autoscaler", "run", "--config", str(self.config_file), "--kubeconfig", kubeconfig],
-            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "POD_NAME": self.name})
+            stdout=sink, stderr=subprocess.STDOUT, env={**uncapped(os.environ), "POD_NAME": self.name})
 
     def wait_ready(self) -> None:
         wait_http(f"http://127.0.0.1:{self.http_port}/decided", timeout_s=60, proc=self.proc)
