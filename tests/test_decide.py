@@ -189,6 +189,18 @@ def test_the_warm_pool_holds_its_slots_for_one_node_provisioning_after_the_need_
     assert decisions[70].warm_slots < before  # 1050 s: 300 s after 5 was last asked for
 
 
+def test_a_restart_holds_the_ready_placeholders_it_finds_for_one_node_provisioning(spec):
+    """The same fall to 25 req/s, but the controller restarts at 780 s with a fresh state and finds the 5
+    placeholders Ready: they are held as if asked for then, until one node provisioning (300 s) has passed,
+    not deleted at once (and re-created when the risk asks again)."""
+    insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
+    steps = [(i * 15.0, signals(i * 15.0, rate=25.0, service=1.0, spec_replicas=6, warm=5)) for i in range(52, 80)]
+    decisions, _ = run(insured, steps)
+    assert [d.warm_slots for d in decisions[:20]] == [5] * 20  # 780 .. 1065 s
+    assert decisions[0].reasons and any(r.startswith("warm pool: holding 5 slots") for r in decisions[0].reasons)
+    assert decisions[-1].warm_slots < 5  # 1185 s: released once the hold has passed
+
+
 def test_unplaceable_replicas_keep_no_warm_slots_and_shed_by_priority(spec):
     insured = spec.model_copy(update={"warm_growth_min_ratio": 1.0, "max_warm_slots": 20})
     steps = [(i * 15.0, signals(i * 15.0, rate=40.0, service=1.0, spec_replicas=6)) for i in range(40)]

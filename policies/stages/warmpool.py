@@ -127,7 +127,13 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     room = room_slots(spec, replicas)
     beyond = growth_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n)[0]
     growth = max(0, min(room, beyond))
-    warm, needs = keep_slots(state.warm_needs, held=state.warm_held, asked=asked, risk_replicas=replicas + beyond,
+    prior, held = state.warm_needs, state.warm_held
+    if state.last_replicas is None and not prior:
+        # a fresh state (a restart, a new leader): the Ready placeholders found were asked for by the one
+        # before; held as if asked for now, so that taking over neither deletes nor re-creates them at once
+        held = tick.clean.cluster.warm_slots_ready
+        prior = ((tick.now, replicas + held),) if held else ()
+    warm, needs = keep_slots(prior, held=held, asked=asked, risk_replicas=replicas + beyond,
                              replicas=replicas, now=tick.now, hold_s=tick.node_s)
     warm = min(room, warm)  # what is held never exceeds the room there is now
     state = state.changed(warm_needs=needs, warm_held=warm)
