@@ -160,10 +160,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # start; chat doubles (minutes 19-22) while the limit binds. Every model's servers run vLLM's priority
     # scheduling (critical first in the queue), as a fleet with tiers and classes would: a critical request
     # that arrives at the end of chat's ramp waits for a slot, not behind the standard requests before it.
+    # Each request waits in the queue of the server nginx's least_conn sent it to: the policy sizes for that
+    # (`gateway_queues: per-replica`) and the twin serves a queue per replica (`dispatch: least-conn`).
     Scenario("fleet", FLEET_MODELS[0].profile, checks.fleet, models=FLEET_MODELS,
              windows=MappingProxyType({"borrowed": (12, 20), "reclaimed": (26, 40), "doubled": (22, 40)}),
-             config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0},
-                                      "server_priority": True})),
+             config=MappingProxyType({"gpu_limit": 14, "policy": {"warm_growth_min_ratio": 1.0,
+                                                                    "gateway_queues": "per-replica"},
+                                      "server_priority": True, "dispatch": "least-conn"})),
     Scenario("fleet-smoke", SMOKE_MODELS[0].profile, checks.fleet_smoke, models=SMOKE_MODELS,
              config=MappingProxyType({"gpu_limit": 16})),
 )}

@@ -509,7 +509,9 @@ def test_the_fleet_benchmark_builds_its_servers_from_the_whole_config_as_the_sin
     (they had drifted from the single-model simulator's: built without them)."""
     config = replace(E2EConfig(), **FLEET.config)
     workloads = {m.key: fleettwin.requests_of(m, config, seed=i)[0] for i, m in enumerate(FLEET.models)}
-    sim_config = replace(config.sim_config(), max_hold_s=90.0, service_by_completion=True, ready_seen_every_s=15.0)
+    # the hold is modelled with one shared queue only (the scenario's own twin serves a queue per replica)
+    sim_config = replace(config.sim_config(), dispatch="shared", max_hold_s=90.0, service_by_completion=True,
+                         ready_seen_every_s=15.0)
     members = fleettwin._members(FLEET.models, workloads, sim_config, config.spec())
     fleetbench._reset(members, "fleet", {m.key: 1 for m in FLEET.models})
     assert {(m.sim.max_hold_s, m.sim.service_by_completion, m.sim.ready_seen_every_s) for m in members} == {
