@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +31,8 @@ from autoscaler.kube.deletion import LEAVING_TAINTS
 from autoscaler.kube.pods import pod_facts
 from autoscaler.kube.quantity import effective_resources
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.stack import (MODEL_PORT, PLACEHOLDER_CLASS, ControllerProcess, _ts, cluster, model_deployment,
-                                wait_until)
+from loadtest.e2e.stack import (PLACEHOLDER_CLASS, ControllerProcess, _ts, cluster, fake_servers_command,
+                                model_deployment, wait_until)
 from loadtest.gateway import gateway
 from loadtest.kube.karpenter import POOL, POOL_LABEL
 from loadtest.loadgen import PRIORITY_HEADER
@@ -231,14 +230,11 @@ def model_servers_command(config: E2EConfig, model: FleetModel, work: Path, *, k
                           nginx_pid: Path) -> list[str]:
     """The command line of the model's fake vLLM servers (`python -m loadtest.fleet`), the config's server
     arguments (its scheduling policy) included."""
-    f, ns = config.factor, model.namespace
-    return [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", ns,
-            "--selector", f"app={model.name}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
-            "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
-            "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(work / f"targets-{ns}.json"),
-            "--upstreams-file", str(work / f"upstreams-{ns}.conf"), "--nginx-pid-file", str(nginx_pid),
-            "--events-file", str(work / f"fleet-{ns}.jsonl"), "--target-label", f"app={model.name}",
-            *config.server_args()]
+    ns = model.namespace
+    return fake_servers_command(config, kubeconfig=kubeconfig, namespace=ns, app=model.name,
+                                targets=work / f"targets-{ns}.json", upstreams=work / f"upstreams-{ns}.conf",
+                                nginx_pid=nginx_pid, events=work / f"fleet-{ns}.jsonl",
+                                extra=("--target-label", f"app={model.name}"))
 
 
 def _model_servers(config: E2EConfig, model: FleetModel, work: Path, *, kubeconfig: str, nginx_pid: Path

@@ -120,6 +120,19 @@ def controller_config(config: E2EConfig, *, prom: str, http_port: int, admission
     }
 
 
+def fake_servers_command(config: E2EConfig, *, kubeconfig: str, namespace: str, app: str, targets: Path,
+                         upstreams: Path, nginx_pid: Path, events: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one model's fake vLLM servers (`python -m loadtest.fleet`), compressed by the
+    config's factor, with its server arguments (the scheduling policy) and `extra` ones."""
+    f = config.factor
+    return [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", kubeconfig, "--namespace", namespace,
+            "--selector", f"app={app}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
+            "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
+            "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file", str(targets),
+            "--upstreams-file", str(upstreams), "--nginx-pid-file", str(nginx_pid), "--events-file", str(events),
+            *extra, *config.server_args()]
+
+
 @dataclass
 class ControllerProcess:
     """One `autoscaler run` process of the harness, with its config, ports and log (the control loop inside
@@ -334,12 +347,9 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
             admission=[f"http://127.0.0.1:{c.admission_port}" for c in ctrls], upstreams=upstreams,
             trusted_priority_header=PRIORITY_HEADER))
         fleet = subprocess.Popen(
-            [sys.executable, "-m", "loadtest.fleet", "--kubeconfig", cp.kubeconfig, "--namespace", NAMESPACE,
-             "--selector", f"app={MODEL}", "--port", str(MODEL_PORT), "--concurrency", str(config.concurrency),
-             "--time-scale", str(1 / f), "--poll-s", str(min(0.2, config.tick_s / f / 5)),
-             "--drain-delay-s", str(config.drain_delay_s / f), "--targets-file",
-             str(targets), "--upstreams-file", str(upstreams), "--nginx-pid-file", str(nginx_pid),
-             "--events-file", str(work / "fleet.jsonl"), "--service-port", str(free_port()), *config.server_args()],
+            fake_servers_command(config, kubeconfig=cp.kubeconfig, namespace=NAMESPACE, app=MODEL, targets=targets,
+                                 upstreams=upstreams, nginx_pid=nginx_pid, events=work / "fleet.jsonl",
+                                 extra=("--service-port", str(free_port()))),
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
         st = Stack(config, cp, karp, ctrls, url, prom, work, keda=keda)
