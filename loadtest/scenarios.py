@@ -90,6 +90,12 @@ class Scenario:
     # A fleet scenario: its models (each with its own demand), under one fleet controller; `profile` is then
     # the first model's, and `config["gpu_limit"]` the NodePool's GPUs and the fleet's budget.
     models: tuple["FleetModel", ...] = ()
+    # The `scenario:` trace its requests are (default: its name), when a trace of that name is another one.
+    trace: str = ""
+
+    @property
+    def trace_name(self) -> str:
+        return self.trace or self.name
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,14 @@ ZERO_PROFILE = Profile(((0, 1.0), (10, 1.0), (10.01, 0.0), (35, 0.0), (35.01, 1.
 ZERO_WINDOWS = MappingProxyType({"traffic": (0, 10), "silence": (10, 35), "burst": (35, 45)})
 ZERO_CONFIG = MappingProxyType({"policy": {"idle_after_s": 300.0}, "max_hold_s": 600.0})
 
+# The live `silence`: 25 min steady, silent to minute 115, back at the full rate to minute 145. The policy's
+# defaults throughout (nothing shortened): the outage hold (1 h) ends at minute 85; the 30 min of silence
+# after it leave time for the scale-down to the kept capacity (up to the 10-min stabilization window) and for
+# the freed nodes' removal (consolidateAfter, 10 min, plus Karpenter's own delay of up to ~4 min), so the
+# return meets the fleet the silence left, and a node's provisioning for the rest.
+SILENCE_PROFILE = Profile(((0, 1.0), (25, 1.0), (25.01, 0.0), (115, 0.0), (115.01, 1.0), (145, 1.0)))
+SILENCE_WINDOWS = MappingProxyType({"before": (15, 25), "silence": (25, 115), "return": (115, 145)})
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the drill: the platform team insures against a doubling within node provisioning (warm pool)
     Scenario("doubling", Profile(((0, 1.0), (20, 1.0), (25, 2.0), (60, 2.0))), checks.doubling,
@@ -156,6 +170,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # the same in KEDA mode: KEDA's operator and HPA scale, the held request wakes it through StreamIsActive
     Scenario("scale-to-zero-keda", ZERO_PROFILE, checks.scale_to_zero_keda, windows=ZERO_WINDOWS,
              config=MappingProxyType({**ZERO_CONFIG, "mode": "keda"})),
+    # traffic stops for longer than the outage hold and comes back at its usual level: the capacity of the
+    # classes that are never shed is kept through the silence, the return is the level coming back (not a
+    # burst to confirm), and the lower classes are guarded hard for one lead time while the rest comes. Its
+    # requests are the trace `scenario:silence-live` (`scenario:silence` is the benchmark's 6-h profile).
+    Scenario("silence", SILENCE_PROFILE, checks.silence, windows=SILENCE_WINDOWS, trace="silence-live"),
     # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
     # start; chat doubles (minutes 19-22) while the limit binds. Every model's servers run vLLM's priority
     # scheduling (critical first in the queue), as a fleet with tiers and classes would: a critical request
@@ -173,7 +192,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 # Demand profiles by name: every scenario's, and profiles that are no closed-loop scenario (the bundled
 # recording's), usable as `scenario:NAME` traces.
-PROFILES: dict[str, Profile] = {name: s.profile for name, s in SCENARIOS.items()} | {
+PROFILES: dict[str, Profile] = {s.trace_name: s.profile for s in SCENARIOS.values()} | {
     "fleet-3h": Profile(((0, 0.8), (30, 0.8), (90, 3.0), (110, 3.0), (110.01, 4.0), (112, 4.0), (112.01, 3.0),
                          (130, 3.0), (165, 0.8), (180, 0.8))),
     # a long-tail model: 20-minute sessions two hours apart, silent in between (scale to zero)

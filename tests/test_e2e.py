@@ -102,12 +102,12 @@ def test_every_scenario_is_one_object_whose_windows_and_actions_lie_within_its_l
 
     assert set(scenarios.SCENARIOS) == {"doubling", "short-burst", "diurnal-down", "no-capacity", "controller-restart",
                                         "scale-to-zero", "scale-to-zero-warm", "scale-to-zero-keda", "fleet",
-                                        "fleet-smoke"}
+                                        "fleet-smoke", "silence"}
     for name, scenario in scenarios.SCENARIOS.items():
         end_min = scenario.profile.span_s / 60
         assert all(0 <= lo < hi <= end_min for lo, hi in scenario.windows.values()), name
         assert [m for m, _ in scenario.actions] == sorted(m for m, _ in scenario.actions)
         assert all(0 < m < end_min for m, _ in scenario.actions), name
         assert scenario.check is getattr(checks, name.replace("-", "_"))
-        trace = scenarios.read(f"scenario:{name}")  # the benchmark's trace of the scenario: the same profile
+        trace = scenarios.read(f"scenario:{scenario.trace_name}")  # the benchmark's trace of it: the same profile
         assert end_min - 1 < trace.arrival_s[-1] / 60 <= end_min, name

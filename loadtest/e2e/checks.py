@@ -5,7 +5,9 @@ recorded (a `CheckContext`). Each check is {"check", "passed", "detail"}; times 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Mapping
 
 from loadtest.measure import TOP_TARGET, targets
@@ -296,6 +298,123 @@ def scale_to_zero_keda(context: CheckContext) -> list[dict]:
         f"{took} s from the first held request to spec.replicas > 0 ({replicas} replicas when it was sent)")]
 
 
+# --- Recovery after a silence (`silence`) ------------------------------------------------------------------
+# The policy's rule (policies/stages/forecast.py, "Silence"): through the outage hold the forecast holds;
+# after it, the capacity for the rate the classes that are never shed sent before the silence is kept, and
+# the reasons say "silence: keeping capacity for the R req/s". Traffic back after it is the interrupted level
+# returning, and for one lead time the guarded classes are rejected at a queue of 1 (stage shedding).
+KEPT_REASON = "silence: keeping capacity for the "
+GUARD_REASON = "traffic back after a silence, its capacity on the way"
+
+
+def _met(rows: list[dict], slo_s: float) -> float:
+    """The share of `rows` answered within the SLO (queue wait plus any hold at the gateway)."""
+    met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
+              and r["queue_s"] + r.get("hold_s", 0.0) <= slo_s)
+    return met / len(rows) if rows else 0.0
+
+
+def _scenario_s(decision: dict, *, started_at: float, factor: float) -> float:
+    """A decision's scenario time at factor 1, from its log line's wall-clock timestamp."""
+    wall = datetime.fromisoformat(decision["timestamp"].replace("Z", "+00:00")).timestamp()
+    return (wall - started_at) * factor
+
+
+def _timed_decisions(context: CheckContext) -> list[tuple[float, dict]]:
+    """The leader's decisions with their scenario times, in time order."""
+    started_at, factor = context.doc["started_at"], context.config.factor
+    return sorted(((_scenario_s(d, started_at=started_at, factor=factor), d)
+                   for log in context.logs.values() for d in _decisions(log) if d.get("leader", True)),
+                  key=lambda pair: pair[0])
+
+
+def _kept_rate(reasons: list[str]) -> float | None:
+    """R of the reason "silence: keeping capacity for the R req/s ..." if the decision gives it."""
+    for reason in reasons:
+        at = reason.find(KEPT_REASON)
+        if at >= 0:
+            return float(reason[at + len(KEPT_REASON):].split()[0])
+    return None
+
+
+def _service_s(records: list[dict]) -> float:
+    """The median time an answered request held a slot (its latency less its queue wait)."""
+    times = sorted(r["latency_s"] - r["queue_s"] for r in records
+                   if r["status"] == 200 and r.get("latency_s") is not None and r["queue_s"] is not None)
+    return times[len(times) // 2] if times else 0.0
+
+
+def _kept_through_silence(context: CheckContext) -> list[dict]:
+    """Replicas through the silence (after the tick that sees it begin) never below the slots the kept rate
+    keeps busy (R x service time / slots per replica: a fleet with fewer cannot serve R at all), and the
+    reasons keep that rate after the outage hold."""
+    config = context.config
+    lo, hi = context.window_s("silence")
+    hold_end = lo + config.spec().outage_hold_s
+    decisions = _timed_decisions(context)
+    kept = [rate for t, d in decisions if hold_end <= t < hi if (rate := _kept_rate(d.get("reasons", []))) is not None]
+    service_s = _service_s(context.records)
+    floor = math.ceil(min(kept) * service_s / config.concurrency) if kept else None
+    decided = _decided(context.timeline, (lo + config.tick_s + config.rate_window_s, hi))
+    least = min(decided, default=None)
+    return [
+        _check("after the outage hold, the reasons keep capacity for the classes that are never shed", bool(kept),
+               f"{len(kept)} decisions from minute {hold_end / 60:g} to the return keep "
+               f"{min(kept, default=0):.1f}-{max(kept, default=0):.1f} req/s"),
+        _check("replicas through the silence never below what the kept rate needs",
+               floor is not None and least is not None and least >= max(floor, config.spec().min_replicas + 1),
+               f"least decided {least} in {_minutes(context, 'silence')}; the kept rate needs at least {floor} "
+               f"({min(kept, default=0):.1f} req/s x {service_s:.1f} s / {config.concurrency} slots); "
+               f"floor {config.spec().min_replicas}"),
+    ]
+
+
+def _guarded_after_return(context: CheckContext) -> dict:
+    """The guarded classes rejected at a queue of 1 from the return (within a rate window, a scrape and two
+    ticks of it, the time the windowed rate takes to show it) for one lead time (to within two ticks), and not
+    after."""
+    config = context.config
+    back, _ = context.window_s("return")
+    after = [(t, d) for t, d in _timed_decisions(context) if t >= back]
+    marked = [any(GUARD_REASON in reason for reason in d.get("reasons", [])) for _, d in after]
+    guarded = [pair for pair, on in zip(after, marked) if on]
+    if not guarded:
+        return _check("the lower classes guarded hard for one lead time after the return", False,
+                      "no decision after the return guards them at a queue of 1")
+    first, last = guarded[0][0], guarded[-1][0]
+    # the guard lasts while the time since the return is under the tick's lead time, which may change
+    # while it lasts: the span lies within the leads of the guarded decisions and of the one that ended it
+    ending = after[len(marked) - marked[::-1].index(True):][:1]
+    leads = [(d.get("lead_time_s") or 0.0) * config.factor for _, d in guarded + ending]
+    slack_s = 2 * config.tick_s
+    rows = [r for r in context.records if first <= r["sent_s"] <= last + config.tick_s]
+    rejected = {c: sum(1 for r in rows if r["class"] == c and r["status"] == 429) for c in config.spec().classes}
+    in_time = first <= back + config.rate_window_s + config.scrape_s + slack_s
+    lasted = min(leads) - slack_s <= last - first <= max(leads) + slack_s
+    lead = f"{min(leads):.0f}" if min(leads) == max(leads) else f"{min(leads):.0f}-{max(leads):.0f}"
+    return _check("the lower classes guarded hard for one lead time after the return", in_time and lasted,
+                  f"{len(guarded)} decisions guard them at a queue of 1, from {first - back:.0f} s after the "
+                  f"return for {last - first:.0f} s (lead time {lead} s); rejected meanwhile: {rejected}")
+
+
+def _return_holds(context: CheckContext) -> dict:
+    """Critical and standard at their targets among the requests sent from the return on."""
+    window = context.window_s("return")
+    got = {c: _met(_window(context.records, c, window), context.config.slo_s)
+           for c in targets(context.config.spec().classes, context.sheddable)}
+    want = targets(context.config.spec().classes, context.sheddable)
+    return _check("from the return on, every class that is never shed at its target",
+                  all(got[c] >= t for c, t in want.items()),
+                  ", ".join(f"{c} {got[c]:.3%} (target {t:.1%})" for c, t in want.items())
+                  + f" in {_minutes(context, 'return')}")
+
+
+def silence(context: CheckContext) -> list[dict]:
+    """The capacity the silence interrupted kept by the policy's rule, the return at the targets with the
+    lower classes guarded hard for one lead time; the run's targets."""
+    return (_targets(context) + _kept_through_silence(context)
+            + [_return_holds(context), _guarded_after_return(context)])
+
 
 # --- A fleet (`fleet`): several models under one fleet controller, one GPU limit --------------------------
 # The run's `doc` is `loadtest.e2e.fleetrun`'s: per-model figures under "models", the fleet's under "fleet";
@@ -343,10 +462,8 @@ def _top_holds(context: CheckContext) -> dict:
     top, _ = _tiers(context.doc)
     lo, hi = context.window_s("doubled")
     rows = [r for r in context.records if r.get("model") == top and r["class"] == "critical" and lo <= r["sent_s"] < hi]
-    met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
-              and r["queue_s"] + r.get("hold_s", 0.0) <= context.config.slo_s)
     whole = context.doc["models"][top]["slo_attainment"].get("critical", 0.0)
-    window = met / len(rows) if rows else 0.0
+    window = _met(rows, context.config.slo_s)
     return _check(f"the top tier's ({top}) critical class holds", whole >= TOP_TARGET and window >= TOP_TARGET,
                   f"{top} critical within SLO {whole:.3%} over the run, {window:.3%} of {len(rows)} in "
                   f"{_minutes(context, 'doubled')} (target {TOP_TARGET:.1%})")

@@ -113,7 +113,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
     sim, simulated = twin(config, workload, initial, timing, gpu_limits=gpu_limits)
     doc = {
-        "scenario": name, "factor": factor, "initial_replicas": initial, "requests": live["requests"],
+        "scenario": name, "factor": factor, "started_at": start_at, "initial_replicas": initial,
+        "requests": live["requests"],
         "slo_attainment": live["slo_attainment"], "p99_latency_s": live["p99_latency_s"],
         "p99_queue_wait_s": live["p99_queue_wait_s"], "shed_fraction": live["shed_fraction"],
         "gpu_hours": live["gpu_hours"], "gpu_hours_by_use": live["gpu_hours_by_use"],

@@ -30,7 +30,7 @@ from policies import decide, initial_state
 
 def requests_of(name: str, config: E2EConfig):
     """The scenario's workload (for the twin) and its requests (for the load generator)."""
-    trace = scenarios.synthetic(name)
+    trace = scenarios.synthetic(scenarios.SCENARIOS[name].trace_name if name in scenarios.SCENARIOS else name)
     workload = build(trace, WorkloadConfig(scale=1.0, server=config.server))
     classes = workload.classes
     requests = [Request(i, float(t), classes[int(p)], int(a), int(b)) for i, (t, p, a, b) in
