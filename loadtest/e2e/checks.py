@@ -328,12 +328,13 @@ def _timed_decisions(context: CheckContext) -> list[tuple[float, dict]]:
                   key=lambda pair: pair[0])
 
 
-def _kept_rate(reasons: list[str]) -> float | None:
-    """R of the reason "silence: keeping capacity for the R req/s ..." if the decision gives it."""
+def _kept_rate(reasons: list[str], *, factor: float) -> float | None:
+    """R of the reason "silence: keeping capacity for the R req/s ..." if the decision gives it, at factor 1
+    (the controller runs compressed: its rates are `factor` x those of the scenario)."""
     for reason in reasons:
         at = reason.find(KEPT_REASON)
         if at >= 0:
-            return float(reason[at + len(KEPT_REASON):].split()[0])
+            return float(reason[at + len(KEPT_REASON):].split()[0]) / factor
     return None
 
 
@@ -352,7 +353,8 @@ def _kept_through_silence(context: CheckContext) -> list[dict]:
     lo, hi = context.window_s("silence")
     hold_end = lo + config.spec().outage_hold_s
     decisions = _timed_decisions(context)
-    kept = [rate for t, d in decisions if hold_end <= t < hi if (rate := _kept_rate(d.get("reasons", []))) is not None]
+    kept = [rate for t, d in decisions if hold_end <= t < hi
+            if (rate := _kept_rate(d.get("reasons", []), factor=config.factor)) is not None]
     service_s = _service_s(context.records)
     floor = math.ceil(min(kept) * service_s / config.concurrency) if kept else None
     decided = _decided(context.timeline, (lo + config.tick_s + config.rate_window_s, hi))
@@ -360,11 +362,11 @@ def _kept_through_silence(context: CheckContext) -> list[dict]:
     return [
         _check("after the outage hold, the reasons keep capacity for the classes that are never shed", bool(kept),
                f"{len(kept)} decisions from minute {hold_end / 60:g} to the return keep "
-               f"{min(kept, default=0):.1f}-{max(kept, default=0):.1f} req/s"),
+               f"{min(kept, default=0):.2f}-{max(kept, default=0):.2f} req/s (at factor 1)"),
         _check("replicas through the silence never below what the kept rate needs",
                floor is not None and least is not None and least >= max(floor, config.spec().min_replicas + 1),
                f"least decided {least} in {_minutes(context, 'silence')}; the kept rate needs at least {floor} "
-               f"({min(kept, default=0):.1f} req/s x {service_s:.1f} s / {config.concurrency} slots); "
+               f"({min(kept, default=0):.2f} req/s x {service_s:.1f} s / {config.concurrency} slots); "
                f"floor {config.spec().min_replicas}"),
     ]
 
