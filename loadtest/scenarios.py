@@ -180,7 +180,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # classes that are never shed is kept through the silence, the return is the level coming back (not a
     # burst to confirm), and the lower classes are guarded hard for one lead time while the rest comes. Its
     # requests are the trace `scenario:silence-live` (`scenario:silence` is the benchmark's 6-h profile).
-    Scenario("silence", SILENCE_PROFILE, checks.silence, windows=SILENCE_WINDOWS, trace="silence-live"),
+    Scenario("silence", SILENCE_PROFILE, checks.silence, windows=SILENCE_WINDOWS, trace="silence-live",
+             config=MappingProxyType({"service_by_completion": True})),
     # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
     # start; chat doubles (minutes 19-22) while the limit binds. Every model's servers run vLLM's priority
     # scheduling (critical first in the queue), as a fleet with tiers and classes would: a critical request

@@ -109,3 +109,15 @@ def test_the_scenarios_requests_are_their_own_trace_and_the_benchmarks_silence_i
     assert scenarios.read("scenario:silence").arrival_s[-1] / 60 > 359  # the benchmark's 6-h profile
     workload, requests = twin.requests_of("silence", E2EConfig())  # what the load generator and the twin run
     assert len(requests) == len(live.arrival_s) and workload.arrival_s[-1] == pytest.approx(live.arrival_s[-1])
+
+
+def test_the_twin_reads_service_time_by_completion_as_the_live_servers_report_it():
+    """The live servers report the service time of the requests that completed (the long ones, last, when the
+    traffic stops), which sizes the capacity held through the outage hold: the silence's twin reads it so;
+    the other scenarios' twins as before."""
+    from dataclasses import replace
+
+    def by_completion(name):
+        return replace(E2EConfig(), **scenarios.SCENARIOS[name].config).sim_config().service_by_completion
+
+    assert by_completion("silence") and by_completion("scale-to-zero") and not by_completion("doubling")

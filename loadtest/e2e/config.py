@@ -54,6 +54,12 @@ class E2EConfig:
     # The twin's gateway: one queue feeding any free slot ("shared"), or a queue per replica ("least-conn",
     # what nginx's least_conn in front of the fake servers does; autoscaler/sim/dispatch.py).
     dispatch: Dispatch = "shared"
+    # The twin reads the mean service time of the requests that completed in the window, as the live servers
+    # report it (vLLM's inference-time histogram), not of those that started: when traffic stops, the last to
+    # complete are the long ones, and the policy keeps that high last reading through the silence. Always on
+    # with `idle_after_s` (scale to zero); set by a scenario with a silence (`silence`), where it sizes the
+    # capacity the outage hold keeps (live: 10 replicas on a reading of 15.5 s, against 6 on 10 s).
+    service_by_completion: bool = False
     # "actuate": the controller scales the Deployment; "keda": it publishes over gRPC and KEDA's operator and
     # HPA scale it (`loadtest.e2e.kedamode`)
     mode: str = "actuate"
@@ -98,7 +104,8 @@ class E2EConfig:
             hold_s = self.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
         held = hold_s is not None
         return SimConfig(tick_s=self.tick_s, slo_s=self.slo_s, cluster=cluster, server=self.server, max_hold_s=hold_s,
-                         service_by_completion=held, ready_seen_every_s=HELD_TICK_S * self.factor if held else None,
+                         service_by_completion=held or self.service_by_completion,
+                         ready_seen_every_s=HELD_TICK_S * self.factor if held else None,
                          server_priority=self.server_priority, dispatch=self.dispatch)
 
     def server_args(self) -> list[str]:
