@@ -25,11 +25,24 @@ Deployments missing from the call) is scaled to 0, not deleted, from its own tem
 tick shares one list). `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
 own cluster reader. Its ready slots are those of the model's shape, which any model of that shape may take.
 Its `ensure` does nothing, since the fleet sizes the pool.
+
+`PooledCapacityBuffer` (`warm_pool.backend: capacity-buffer`) is the same pool with the provisioner keeping the
+room instead of placeholder pods: per shape, a core/v1 PodTemplate `fleet-warm-<N>gpu` whose pod is the shape's
+placeholder pod (the same merge, the same refusal) and a CapacityBuffer of the same name pointing at it
+(`podTemplateRef`; a buffer's `scalableRef` names one workload, so it cannot pool), `replicas` = the shape's
+pooled slots. The provisioner (Karpenter behind its CapacityBuffer feature gate, the cluster-autoscaler) keeps
+room for that many virtual replicas of the shape; a replica of any model of that shape lands on that room (no
+preemption: nothing is there), and the provisioner brings room for the buffer again behind it. Both objects
+carry our managed-by label; one of that name that is not ours is refused. The PodTemplate is rewritten only
+when the merged pod changes (its hash in `TEMPLATE_HASH`); a shape gone gets `replicas: 0`. `ready()` per
+shape is `warmpool.buffer_ready` of its buffer, read from the API (the watch cache holds no buffers).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -41,9 +54,11 @@ from autoscaler.errors import PermanentError
 from autoscaler.kube.capacity import replica_shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, format_quantity
-from autoscaler.kube.warmpool import PlaceholderPool
+from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, CapacityBufferPool,
+                                      PlaceholderPool, buffer_ready, no_buffer_api, placeholder_spec, write_ours)
 
 SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
+TEMPLATE_HASH = "inference-autoscaler/template-hash"  # on a pooled buffer's PodTemplate: the pod it was written with
 WHOLE_GPU = "nvidia.com/gpu"
 
 
@@ -95,20 +110,26 @@ def group_by_shape(templates: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return groups
 
 
+def shape_of(labels: Mapping[str, str] | None) -> int | None:
+    """The GPUs per replica of one of our pool objects, from its labels (None: not a pool object)."""
+    shape = (labels or {}).get(SHAPE_LABEL)
+    return None if shape is None else int(shape or 0)
+
+
 def ready_by_shape(deployments) -> dict[int, int]:
     """Ready placeholders per shape (GPUs per replica) of the pool Deployments among `deployments`."""
     out: dict[int, int] = {}
     for deployment in deployments:
-        shape = (deployment.metadata.labels or {}).get(SHAPE_LABEL)
-        if shape is None:
-            continue
-        gpus = int(shape or 0)
-        out[gpus] = out.get(gpus, 0) + ((deployment.status.ready_replicas or 0) if deployment.status else 0)
+        gpus = shape_of(deployment.metadata.labels)
+        if gpus is not None:
+            ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
+            out[gpus] = out.get(gpus, 0) + ready
     return out
 
 
 class PooledWarmPool:
-    """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring)."""
+    """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring).
+    Subclasses keep the shapes in other objects: `_apply`, `_empty_gone` and `_read_ready`."""
 
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
                  prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
@@ -128,6 +149,20 @@ class PooledWarmPool:
                                       label_selector=SHAPE_LABEL)
         return listed.items
 
+    async def _apply(self, name: str, gpus: int, template: Any, slots: int) -> None:
+        """Write one shape's pool: `template` is the shape's merged pod template."""
+        await self._pool(name, gpus).ensure(template, slots)
+
+    async def _empty_gone(self, keep: set[int]) -> None:
+        """Scale to 0 our pools of the shapes not in `keep`."""
+        for deployment in await self._ours():
+            gpus = shape_of(deployment.metadata.labels) or 0
+            if gpus not in keep and (deployment.spec.replicas or 0) > 0:
+                await self._pool(deployment.metadata.name, gpus).ensure(deployment.spec.template, 0)
+
+    async def _read_ready(self) -> dict[int, int]:
+        return ready_by_shape(await self._ours())
+
     async def ensure(self, slots_by_shape: Mapping[int, int], templates: Mapping[str, Any]) -> None:
         """Size every shape's pool from the pooled sizes (GPUs per replica -> slots) and the models' pod
         templates (model name -> V1PodTemplateSpec); shapes no model has any more go to 0. Raises one
@@ -145,22 +180,24 @@ class PooledWarmPool:
                 problems.append(f"{gpus}-GPU replicas: {exc}; held as it is")
                 continue
             name = pool_name(self.prefix, gpus, replica_shape(template).gpu_resource)
-            await self._pool(name, gpus).ensure(template, slots_by_shape.get(gpus, 0))
-        for deployment in await self._ours():
-            gpus = int((deployment.metadata.labels or {}).get(SHAPE_LABEL, "0") or 0)
-            if gpus not in groups and gpus not in slots_by_shape and (deployment.spec.replicas or 0) > 0:
-                await self._pool(deployment.metadata.name, gpus).ensure(deployment.spec.template, 0)
+            await self._apply(name, gpus, template, slots_by_shape.get(gpus, 0))
+        await self._empty_gone(set(groups) | set(slots_by_shape))
         if problems:
             raise PermanentError("pooled warm pool: " + "; ".join(problems), kind="pooled_warm_shape")
 
     async def ready(self) -> dict[int, int]:
-        """Ready placeholders per shape (GPUs per replica)."""
+        """Ready slots per shape (GPUs per replica), read at most once per `ready_ttl_s`."""
         now = self.kube.clock.now()
         if self._ready is not None and now - self._ready[0] < self.ready_ttl_s:
             return dict(self._ready[1])
-        out = ready_by_shape(await self._ours())
+        out = await self._read_ready()
         self._ready = (now, out)
         return dict(out)
+
+    def cached_ready(self, reads: Any) -> Callable[[], Awaitable[dict[int, int]]]:
+        """How a model's view reads the ready slots per shape with the fleet's watch cache (`reads`: its
+        `CacheReads`): the placeholder Deployments from memory."""
+        return lambda: reads.pooled_ready(self.namespace)
 
     def share(self, *, namespace: str, kind: str, name: str) -> "SharedSlots":
         """The pool as the `WarmPool` of the model whose workload this is (its shape read from its template)."""
@@ -171,6 +208,72 @@ class PooledWarmPool:
             return (await kube.call(f"read {kind} {namespace}/{name}", read, name, namespace)).spec.template
 
         return SharedSlots(self, template)
+
+
+class PooledCapacityBuffer(PooledWarmPool):
+    """The fleet's warm capacity as one PodTemplate and one CapacityBuffer per replica shape (see the module
+    docstring): the same grouping, merge and refusals as the placeholders, kept by the provisioner."""
+
+    def _buffer(self, name: str, gpus: int) -> CapacityBufferPool:
+        return CapacityBufferPool(self.kube, namespace=self.namespace, name=name, max_slots=self.max_slots,
+                                  pod_template=name, labels={SHAPE_LABEL: str(gpus)})
+
+    async def _ours(self) -> list:
+        try:
+            listed = await self.kube.call(f"list pooled CapacityBuffers {self.namespace}",
+                                          self.kube.custom.list_namespaced_custom_object, BUFFER_GROUP,
+                                          BUFFER_VERSION, self.namespace, BUFFER_PLURAL, label_selector=SHAPE_LABEL)
+        except PermanentError as exc:
+            if exc.kind == "not_found":
+                raise no_buffer_api() from None
+            raise
+        return listed.get("items") or []
+
+    async def _apply(self, name: str, gpus: int, template: Any, slots: int) -> None:
+        """The PodTemplate first, so that the buffer never points at a template that is not there."""
+        await self._write_pod_template(name, gpus, template)
+        await self._buffer(name, gpus).ensure(None, slots)
+
+    async def _write_pod_template(self, name: str, gpus: int, template: Any) -> None:
+        pod = placeholder_spec(template, name=name, priority_class=self.priority_class, pause_image=self.pause_image,
+                               serialize=self.kube.api.sanitize_for_serialization)["spec"]["template"]
+        digest = hashlib.sha256(json.dumps(pod, sort_keys=True).encode()).hexdigest()[:16]
+        body = {"apiVersion": "v1", "kind": "PodTemplate", "template": pod,
+                "metadata": {"name": name, "namespace": self.namespace, "annotations": {TEMPLATE_HASH: digest},
+                             "labels": {SHAPE_LABEL: str(gpus), **MANAGED_BY}}}
+        core, ns = self.kube.core, self.namespace
+
+        def unchanged(current: dict) -> bool:
+            return (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) == digest
+
+        await write_ours(self.kube, what=f"PodTemplate {ns}/{name}", body=body,
+                         read=lambda: core.read_namespaced_pod_template(name, ns),
+                         create=lambda b: core.create_namespaced_pod_template(ns, b),
+                         replace=lambda b: core.replace_namespaced_pod_template(name, ns, b), same=unchanged)
+
+    async def _empty_gone(self, keep: set[int]) -> None:
+        for buffer in await self._ours():
+            gpus = shape_of(buffer["metadata"].get("labels")) or 0
+            if gpus not in keep and (buffer.get("spec") or {}).get("replicas", 0) > 0:
+                await self._buffer(buffer["metadata"]["name"], gpus).ensure(None, 0)
+
+    async def _read_ready(self) -> dict[int, int]:
+        """Every buffer's slots on existing capacity; none while the API is not served (as a missing buffer)."""
+        try:
+            buffers = await self._ours()
+        except PermanentError as exc:
+            if exc.kind != "no_capacity_buffer_api":
+                raise
+            return {}
+        out: dict[int, int] = {}
+        for buffer in buffers:
+            gpus = shape_of(buffer["metadata"].get("labels")) or 0
+            out[gpus] = out.get(gpus, 0) + buffer_ready(buffer)
+        return out
+
+    def cached_ready(self, reads: Any) -> Callable[[], Awaitable[dict[int, int]]]:
+        """The watch cache holds no buffers: their status from the API, shared by every model of a tick."""
+        return self.ready
 
 
 @dataclass(frozen=True)
