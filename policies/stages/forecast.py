@@ -95,7 +95,7 @@ from typing import Protocol
 import numpy as np
 
 from policies.spec import PolicySpec
-from policies.stages import calibration
+from policies.stages import calibration, gridstart
 from policies.types import ForecastState
 
 # A damped Holt fit estimates five numbers (initial level and trend, their two smoothing weights, the
@@ -192,8 +192,7 @@ _Fitted = tuple[float, float, float, float, float, float, tuple[float, ...]]
 def _fitted(history: bytes, m: int, seasonal: bool) -> _Fitted | None:
     """(alpha, beta, phi, level, trend, gamma, season) of statsmodels' fit on the history (float64 bytes);
     None when the fit fails or its figures are not finite."""
-    from statsmodels.tsa.holtwinters import ExponentialSmoothing
-
+    ExponentialSmoothing = gridstart.model_class()  # statsmodels' model; its grid search compiled (same bits)
     y = np.frombuffer(history, dtype=float).copy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
