@@ -118,3 +118,17 @@ def test_without_numba_or_switched_off_the_model_is_statsmodels_own(monkeypatch)
         monkeypatch.undo()
         gridstart.use_compiled(True)
     assert gridstart.model_class() is not ExponentialSmoothing
+
+
+def test_a_statsmodels_whose_internals_differ_keeps_its_own_search(monkeypatch):
+    def other_shape(self, params, start_params, use_brute, sel, hw_args, bounds, alpha):
+        raise AssertionError("not called")
+
+    try:
+        monkeypatch.setattr(ExponentialSmoothing, "_get_starting_values", other_shape)
+        gridstart.model_class.cache_clear()
+        assert gridstart.model_class() is ExponentialSmoothing
+    finally:
+        monkeypatch.undo()
+        gridstart.model_class.cache_clear()
+    assert gridstart.model_class() is not ExponentialSmoothing
