@@ -132,3 +132,14 @@ def test_a_statsmodels_whose_internals_differ_keeps_its_own_search(monkeypatch):
         monkeypatch.undo()
         gridstart.model_class.cache_clear()
     assert gridstart.model_class() is not ExponentialSmoothing
+
+
+def test_a_compiled_loop_that_fails_leaves_statsmodels_loop_and_the_same_fit(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(gridstart, "_sums", broken)
+    y = _seasonal(24, 3, 6)
+    stock, fast = _fit(ExponentialSmoothing, y, 24, True), _fit(gridstart.model_class(), y, 24, True)
+    for name, value in stock.params.items():
+        assert np.asarray(value).tobytes() == np.asarray(fast.params[name]).tobytes(), name

@@ -26,7 +26,7 @@ is used: the same bits, slower; the controller fits a few times a day, a replay 
 controller's refit child turns the compiled search off (`use_compiled`) where numba is installed too: the
 child lives for one batch of refits, and compiling the loop (about 1 s) costs more than a few fits save,
 on the fit's own deadline. Any other grid search (another model, fixed parameters, a sum that is not
-finite) is statsmodels' own.
+finite, a compiled loop that fails) is statsmodels' own.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _kernels() -> tuple[Any, Any] | None:
     """The compiled (holt, holt-winters) sums of squared errors; None without numba."""
     try:
         import numba
-    except ImportError:
+    except Exception:  # noqa: BLE001 - not installed, or broken (a numpy it does not support): statsmodels' search
         return None
     jit = numba.njit(cache=False, nogil=True)  # no file written from the pure core: compiled once a process
     return jit(_holt_sse), jit(_holt_winters_sse)
@@ -203,7 +203,10 @@ def model_class() -> type:
             hw_args.transform = False
             points = self._setup_brute(sv_sel, bounds, alpha)
             y = hw_args.y
-            picks = candidates(_sums(kernels, seasonal=seasonal, y=y, points=points, params=params), len(y))
+            try:
+                picks = candidates(_sums(kernels, seasonal=seasonal, y=y, points=points, params=params), len(y))
+            except Exception:  # noqa: BLE001 - a loop that fails to compile or run: statsmodels' loop, the same choice
+                picks = None
             params[sv_sel] = _first_smallest(points, range(len(points)) if picks is None else picks,
                                              opt=hw_model.opt_wrapper(func), hw_args=hw_args)
             return params
