@@ -9,6 +9,7 @@ import time
 
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
+from structlog.testing import capture_logs
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.pooledwarm import SHAPE_LABEL, TEMPLATE_HASH, PooledCapacityBuffer
@@ -151,6 +152,44 @@ def test_a_pooled_buffer_refuses_objects_not_ours_and_models_that_cannot_share_a
     assert differ.kind == "pooled_warm_shape"
     assert f"{ns_a}/model and {other}/model differ in node selector" in str(differ) and "4-GPU" in str(differ)
     assert get(cluster, buffers_path(namespace, "fleet-warm-1gpu"))["spec"]["replicas"] == 1
+
+
+def buffer(name, labels, *, replicas):
+    return {"apiVersion": f"{BUFFER_GROUP}/{BUFFER_VERSION}", "kind": "CapacityBuffer",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podTemplateRef": {"name": name}, "replicas": replicas}}
+
+
+def fits(replicas):
+    return {"status": {"replicas": replicas, "conditions": [{
+        "type": "Provisioning", "status": "True", "reason": "Provisioned", "message": "fits",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+def test_only_our_buffers_are_listed_and_a_shape_label_that_does_not_parse_is_skipped(
+        cluster, namespace, fleet, buffer_api):  # noqa: F811 - the fixture
+    """Buffers of another's with our shape label (one of a shape we keep, with 5 slots ready; one of a shape no
+    model has) are neither counted nor scaled to 0 (which would fail as not ours every tick), and one of ours
+    whose shape label is not a number is skipped with a warning: the tick writes our 1-GPU buffer all the same."""
+    (ns_a, _), _, _ = fleet
+    model(cluster, ns_a, replicas=0, pool=namespace, gpus="1")
+    for name, labels, replicas in (("theirs-1", {SHAPE_LABEL: "1"}, 5), ("theirs-2", {SHAPE_LABEL: "2"}, 3),
+                                   ("garbled", {SHAPE_LABEL: "four", **MANAGED_BY}, 2)):
+        assert cluster.request("POST", buffers_path(namespace), buffer(name, labels, replicas=replicas))[0] == 201
+    assert cluster.request("PATCH", buffers_path(namespace, "theirs-1") + "/status", fits(5))[0] == 200
+
+    async def go(kube):
+        pool = pooled(kube, namespace)
+        with capture_logs() as logs:
+            await pool.ensure({1: 1}, await templates(kube, [ns_a]))
+        return await pool.ready(), logs
+
+    ready, logs = with_kube(cluster, go)
+    assert ready.get(1) == 0 and 2 not in ready  # another's slots are not ours to count
+    replicas = {b["metadata"]["name"]: b["spec"]["replicas"] for b in get(cluster, buffers_path(namespace))["items"]}
+    assert replicas == {"fleet-warm-1gpu": 1, "garbled": 2, "theirs-1": 5, "theirs-2": 3}
+    assert [(e["kind"], e["object"]) for e in logs if e.get("kind") == "bad_shape_label"] == [
+        ("bad_shape_label", "garbled")]
 
 
 def test_without_the_capacity_buffer_api_the_pooled_buffer_says_so(cluster, namespace, fleet):  # noqa: F811 - the fixture

@@ -48,16 +48,22 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Awaitable, Callable, Mapping
 
+import structlog
 from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.capacity import replica_shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, format_quantity
-from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, CapacityBufferPool,
-                                      PlaceholderPool, buffer_ready, no_buffer_api, placeholder_spec, write_ours)
+from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, MANAGED_KEY,
+                                      CapacityBufferPool, PlaceholderPool, buffer_ready, no_buffer_api, owned,
+                                      placeholder_spec, write_ours)
+
+log = structlog.get_logger("autoscaler")
 
 SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
+# Our pool objects: the shape label AND our managed-by label (another's object with our shape label is not ours).
+OURS_SELECTOR = f"{SHAPE_LABEL},{MANAGED_KEY}={MANAGED_BY[MANAGED_KEY]}"
 TEMPLATE_HASH = "inference-autoscaler/template-hash"  # on a pooled buffer's PodTemplate: the pod it was written with
 WHOLE_GPU = "nvidia.com/gpu"
 
@@ -110,10 +116,19 @@ def group_by_shape(templates: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return groups
 
 
-def shape_of(labels: Mapping[str, str] | None) -> int | None:
-    """The GPUs per replica of one of our pool objects, from its labels (None: not a pool object)."""
-    shape = (labels or {}).get(SHAPE_LABEL)
-    return None if shape is None else int(shape or 0)
+def shape_of(labels: Mapping[str, str] | None, *, name: str = "") -> int | None:
+    """The GPUs per replica of one of our pool objects, from its labels (None: not one of ours, or a shape label
+    that is not a whole number, which is logged with the object's `name` and skipped, never raised: one bad
+    object must not stop the fleet's tick)."""
+    labels = labels or {}
+    shape = labels.get(SHAPE_LABEL)
+    if shape is None or not owned({"labels": labels}):
+        return None
+    if not shape.isdigit():
+        log.warning("error", where="pooled warm pool", kind="bad_shape_label", object=name,
+                    error=f"label {SHAPE_LABEL}={shape!r} is not a number of GPUs; object skipped")
+        return None
+    return int(shape)
 
 
 def ready_by_shape(deployments) -> dict[int, int]:
@@ -146,7 +161,7 @@ class PooledWarmPool:
     async def _ours(self) -> list:
         listed = await self.kube.call(f"list pooled warm pools {self.namespace}",
                                       self.kube.apps.list_namespaced_deployment, self.namespace,
-                                      label_selector=SHAPE_LABEL)
+                                      label_selector=OURS_SELECTOR)
         return listed.items
 
     async def _apply(self, name: str, gpus: int, template: Any, slots: int) -> None:
@@ -156,8 +171,8 @@ class PooledWarmPool:
     async def _empty_gone(self, keep: set[int]) -> None:
         """Scale to 0 our pools of the shapes not in `keep`."""
         for deployment in await self._ours():
-            gpus = shape_of(deployment.metadata.labels) or 0
-            if gpus not in keep and (deployment.spec.replicas or 0) > 0:
+            gpus = shape_of(deployment.metadata.labels, name=deployment.metadata.name)
+            if gpus is not None and gpus not in keep and (deployment.spec.replicas or 0) > 0:
                 await self._pool(deployment.metadata.name, gpus).ensure(deployment.spec.template, 0)
 
     async def _read_ready(self) -> dict[int, int]:
@@ -222,7 +237,7 @@ class PooledCapacityBuffer(PooledWarmPool):
         try:
             listed = await self.kube.call(f"list pooled CapacityBuffers {self.namespace}",
                                           self.kube.custom.list_namespaced_custom_object, BUFFER_GROUP,
-                                          BUFFER_VERSION, self.namespace, BUFFER_PLURAL, label_selector=SHAPE_LABEL)
+                                          BUFFER_VERSION, self.namespace, BUFFER_PLURAL, label_selector=OURS_SELECTOR)
         except PermanentError as exc:
             if exc.kind == "not_found":
                 raise no_buffer_api() from None
@@ -253,8 +268,8 @@ class PooledCapacityBuffer(PooledWarmPool):
 
     async def _empty_gone(self, keep: set[int]) -> None:
         for buffer in await self._ours():
-            gpus = shape_of(buffer["metadata"].get("labels")) or 0
-            if gpus not in keep and (buffer.get("spec") or {}).get("replicas", 0) > 0:
+            gpus = shape_of(buffer["metadata"].get("labels"), name=buffer["metadata"]["name"])
+            if gpus is not None and gpus not in keep and (buffer.get("spec") or {}).get("replicas", 0) > 0:
                 await self._buffer(buffer["metadata"]["name"], gpus).ensure(None, 0)
 
     async def _read_ready(self) -> dict[int, int]:
