@@ -13,7 +13,8 @@ from structlog.testing import capture_logs
 
 from autoscaler.errors import PermanentError
 from autoscaler.kube.pooledwarm import SHAPE_LABEL, TEMPLATE_HASH, PooledCapacityBuffer
-from autoscaler.kube.warmpool import BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY
+from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, CapacityBufferPool,
+                                      write_ours)
 
 from loadtest.kubecount import RequestCounter
 
@@ -223,6 +224,37 @@ def test_without_the_capacity_buffer_api_the_pooled_buffer_says_so(cluster, name
     assert error.kind == listed.kind == "no_capacity_buffer_api"
     assert "the CapacityBuffer API (autoscaling.x-k8s.io/v1beta1) is not served here" in str(error)
     assert ready == {}
+
+
+def test_a_buffer_in_a_missing_namespace_says_so_and_one_deleted_before_its_update_is_made_again(
+        cluster, namespace, buffer_api):
+    """The create's 404 where the CapacityBuffer API is served names the missing namespace (not the API). An
+    object deleted between the read and the replace (a 404 from the replace) is created again."""
+    gone = f"{namespace}-gone"
+    path = buffers_path(namespace, "b")
+    assert cluster.request("POST", buffers_path(namespace), buffer("b", dict(MANAGED_BY), replicas=1))[0] == 201
+
+    async def go(kube):
+        with pytest.raises(PermanentError) as missing:
+            await CapacityBufferPool(kube, namespace=gone, name="b", max_slots=3, pod_template="b").ensure(None, 1)
+        custom, args = kube.custom, (BUFFER_GROUP, BUFFER_VERSION, namespace, BUFFER_PLURAL)
+
+        async def read_then_deleted():
+            current = await custom.get_namespaced_custom_object(*args, "b")
+            assert cluster.request("DELETE", path)[0] == 200  # another deletes it meanwhile
+            return current
+
+        body = buffer("b", dict(MANAGED_BY), replicas=2)
+        body["metadata"]["namespace"] = namespace
+        await write_ours(kube, what=f"CapacityBuffer {namespace}/b", body=body, read=read_then_deleted,
+                         create=lambda b: custom.create_namespaced_custom_object(*args, b),
+                         replace=lambda b: custom.replace_namespaced_custom_object(*args, "b", b))
+        return missing.value
+
+    missing = with_kube(cluster, go)
+    assert missing.kind == "no_namespace", missing
+    assert f"the namespace {gone} does not exist" in str(missing) and "not served" not in str(missing)
+    assert get(cluster, path)["spec"]["replicas"] == 2
 
 
 def test_the_fleet_pools_capacity_buffers_for_the_capacity_buffer_backend(cluster, crd, namespace, buffer_api):  # noqa: F811

@@ -64,7 +64,21 @@ async def write_ours(kube: Kube, *, what: str, body: dict, read: Callable[[], Aw
                      same: Callable[[dict], bool] = lambda current: False) -> None:
     """Create `body`, or replace the object of its name with it unless `same(current)` (the object read, as a
     dict). One not ours (no `MANAGED_BY` label) is refused, never taken over. `what`: "Kind namespace/name";
-    `read`, `create`, `replace`: the API calls. Transient errors are retried (`with_backoff`)."""
+    `read`, `create`, `replace`: the API calls. Transient errors are retried (`with_backoff`).
+
+    A 404 from the create means no namespace to create it in (kind `no_namespace`; for a custom resource it
+    may also mean that its API is not served: the caller checks). One from the replace means the object was
+    deleted since the read: it is created again."""
+
+    async def create_it() -> None:
+        try:
+            await kube.call(f"create {what}", create, body)
+        except PermanentError as exc:
+            if exc.kind != "not_found":
+                raise
+            namespace = body["metadata"].get("namespace")
+            raise PermanentError(f"create {what}: HTTP 404, the namespace {namespace} does not exist",
+                                 kind="no_namespace") from exc
 
     async def attempt() -> None:
         try:
@@ -72,7 +86,7 @@ async def write_ours(kube: Kube, *, what: str, body: dict, read: Callable[[], Aw
         except PermanentError as exc:
             if exc.kind != "not_found":
                 raise
-            await kube.call(f"create {what}", create, body)
+            await create_it()
             return
         if not isinstance(current, dict):
             current = kube.api.sanitize_for_serialization(current)
@@ -81,7 +95,12 @@ async def write_ours(kube: Kube, *, what: str, body: dict, read: Callable[[], Aw
         if same(current):
             return
         metadata = {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
-        await kube.call(f"update {what}", replace, {**body, "metadata": metadata})
+        try:
+            await kube.call(f"update {what}", replace, {**body, "metadata": metadata})
+        except PermanentError as exc:
+            if exc.kind != "not_found":
+                raise
+            await create_it()  # deleted since the read (if made again meanwhile: a 409, retried from the read)
 
     await with_backoff(attempt, clock=kube.clock)
 
@@ -183,6 +202,18 @@ def buffer_ready(buffer: dict) -> int:
     return 0
 
 
+async def buffer_api_served(kube: Kube) -> bool:
+    """Whether the apiserver serves CapacityBuffers (a discovery GET of their group version)."""
+    try:
+        found = await kube.call(f"discover {BUFFER_GROUP}/{BUFFER_VERSION}", kube.custom.get_api_resources,
+                                BUFFER_GROUP, BUFFER_VERSION)
+    except PermanentError as exc:
+        if exc.kind != "not_found":
+            raise
+        return False
+    return any(resource.name == BUFFER_PLURAL for resource in found.resources or [])
+
+
 def no_buffer_api() -> PermanentError:
     return PermanentError("the CapacityBuffer API (autoscaling.x-k8s.io/v1beta1) is not served here: install its "
                           "CRD or set warm_pool.backend: placeholders", kind="no_capacity_buffer_api")
@@ -223,7 +254,8 @@ class CapacityBufferPool:
                              replace=lambda b: custom.replace_namespaced_custom_object(*args, self.name, b),
                              same=lambda current: current.get("spec") == body["spec"])
         except PermanentError as exc:
-            if exc.kind == "not_found":  # the read found no buffer, then the create no API to make one in
+            # the create's 404: no namespace, or no API to make the buffer in (the read's 404 too, then)
+            if exc.kind == "no_namespace" and not await buffer_api_served(self.kube):
                 raise no_buffer_api() from None
             raise
 
