@@ -294,6 +294,22 @@ def test_idle_slots_component_grants_listing_pods_everywhere_and_turns_the_readi
     assert {"name": "AUTOSCALER_CAPACITY__READ_NODES", "value": "true"} in env
 
 
+@pytest.mark.parametrize("components", [("fleet-crd", "fleet", "capacity-buffer", "model-name"),
+                                        ("fleet-crd", "capacity-buffer", "fleet", "model-name")])
+def test_the_fleet_component_keeps_what_another_component_adds_to_the_environment_in_either_order(tmp_path,
+                                                                                                components):
+    """The fleet component drops the single-model entries and adds its own by name: the capacity-buffer
+    component's backend stays whether it is listed before or after it."""
+    docs = render_overlay(tmp_path, namespace="ctl", model="fleet", components=components)
+    env = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert sorted(names) == ["AUTOSCALER_FLEET__ENABLED", "AUTOSCALER_LEADER_ELECTION__LEASE_NAME",
+                             "AUTOSCALER_WARM_POOL__BACKEND", "MODEL_NAME", "POD_NAME", "POD_NAMESPACE"], names
+    assert {"name": "AUTOSCALER_WARM_POOL__BACKEND", "value": "capacity-buffer"} in env
+    # $(MODEL_NAME) is expanded only from an entry listed before it
+    assert names.index("MODEL_NAME") < names.index("AUTOSCALER_LEADER_ELECTION__LEASE_NAME")
+
+
 def test_network_policy_component_admits_keda_the_gateway_and_monitoring_only_and_is_accepted(cluster, installed,
                                                                                             tmp_path):
     docs = render_overlay(tmp_path, namespace=NS, model=MODEL, components=("model-name", "network-policy"))
