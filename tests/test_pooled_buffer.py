@@ -12,7 +12,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
 from autoscaler.errors import PermanentError
-from autoscaler.kube.pooledwarm import SHAPE_LABEL, TEMPLATE_HASH, PooledCapacityBuffer
+from autoscaler.kube.pooledwarm import SHAPE_LABEL, TEMPLATE_HASH, PooledCapacityBuffer, owned_pod
 from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, CapacityBufferPool,
                                       write_ours)
 
@@ -111,6 +111,44 @@ def test_a_pooled_buffer_per_shape_is_written_updated_and_scaled_to_zero(cluster
                             "provisioningStrategy": "buffer.x-k8s.io/active-capacity"}
     assert four["metadata"]["labels"] == {SHAPE_LABEL: "4", **MANAGED_BY}
     assert buffers["fleet-warm-1gpu"]["spec"]["replicas"] == 0
+
+
+def test_a_pooled_buffers_pod_template_edited_by_someone_else_is_put_back(cluster, namespace, fleet, buffer_api):  # noqa: F811
+    """Someone else changes the image, a request, the tolerations and a pod label of our PodTemplate (leaving
+    the hash annotation): the next tick writes the fields we own back. Unedited, with tolerations and affinity
+    (which the apiserver echoes as written), a tick writes nothing."""
+    (ns_a, _), _, _ = fleet
+    model(cluster, ns_a, replicas=0, pool=namespace, gpus="1")
+    zone = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
+    scheduling = {"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                  "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": zone}}}
+    assert cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns_a}/deployments/model",
+                           {"spec": {"template": {"spec": scheduling}}})[0] == 200
+    path = f"/api/v1/namespaces/{namespace}/podtemplates/fleet-warm-1gpu"
+
+    async def go(kube):
+        pool, models = pooled(kube, namespace), await templates(kube, [ns_a])
+        await pool.ensure({1: 1}, models)
+        first = get(cluster, path)
+        counter = RequestCounter(kube)
+        await pool.ensure({1: 1}, models)
+        writes = [key for key in counter.requests if key[0] != "GET"]
+        edited = get(cluster, path)
+        pod = edited["template"]
+        pod["spec"]["containers"][0]["image"] = "theirs"
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+        pod["spec"]["tolerations"].append({"key": "spot", "operator": "Exists"})
+        pod["metadata"]["labels"]["extra"] = "theirs"
+        assert cluster.request("PUT", path, edited)[0] == 200
+        await pool.ensure({1: 1}, models)
+        return first, writes, get(cluster, path)
+
+    first, writes, restored = with_kube(cluster, go)
+    assert first["template"]["spec"]["tolerations"] == scheduling["tolerations"]
+    assert writes == []
+    assert owned_pod(restored["template"]) == owned_pod(first["template"])
+    assert restored["template"]["spec"]["containers"][0]["image"] == PAUSE
+    assert restored["metadata"]["resourceVersion"] != first["metadata"]["resourceVersion"]
 
 
 def test_a_pooled_buffer_refuses_objects_not_ours_and_models_that_cannot_share_a_pod(

@@ -34,7 +34,9 @@ pooled slots. The provisioner (Karpenter behind its CapacityBuffer feature gate,
 room for that many virtual replicas of the shape; a replica of any model of that shape lands on that room (no
 preemption: nothing is there), and the provisioner brings room for the buffer again behind it. Both objects
 carry our managed-by label; one of that name that is not ours is refused. The PodTemplate is rewritten only
-when the merged pod changes (its hash in `TEMPLATE_HASH`); a shape gone gets `replicas: 0`. `ready()` per
+when a field it owns (`owned_pod`: labels, containers' image and resources, scheduling fields) differs from the
+merged pod, whether the models changed or someone else edited it (the merged pod's hash is in `TEMPLATE_HASH`,
+for people); a shape gone gets `replicas: 0`. `ready()` per
 shape is `warmpool.buffer_ready` of its buffer, read from the API (the watch cache holds no buffers).
 """
 
@@ -140,6 +142,20 @@ def ready_by_shape(deployments) -> dict[int, int]:
             ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
             out[gpus] = out.get(gpus, 0) + ready
     return out
+
+
+OWNED_POD_FIELDS = ("priorityClassName", "terminationGracePeriodSeconds", "nodeSelector", "tolerations", "affinity")
+OWNED_CONTAINER_FIELDS = ("name", "image", "resources")
+
+
+def owned_pod(template: Mapping[str, Any]) -> dict:
+    """The fields of a pod template (a dict) that a pooled buffer's PodTemplate owns: its labels, its containers'
+    name, image and resources, and the pod's scheduling fields. The apiserver's defaults (dnsPolicy, the
+    containers' imagePullPolicy...) are left out, so they never count as a change."""
+    spec = template.get("spec") or {}
+    return {"labels": (template.get("metadata") or {}).get("labels"),
+            "containers": [{k: c.get(k) for k in OWNED_CONTAINER_FIELDS} for c in spec.get("containers") or []],
+            **{k: spec.get(k) for k in OWNED_POD_FIELDS}}
 
 
 class PooledWarmPool:
@@ -258,8 +274,9 @@ class PooledCapacityBuffer(PooledWarmPool):
                              "labels": {SHAPE_LABEL: str(gpus), **MANAGED_BY}}}
         core, ns = self.kube.core, self.namespace
 
-        def unchanged(current: dict) -> bool:
-            return (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) == digest
+        def unchanged(current: dict) -> bool:  # someone else's edit of a field we own is put back
+            return (current["metadata"].get("labels") == body["metadata"]["labels"]
+                    and owned_pod(current.get("template") or {}) == owned_pod(pod))
 
         await write_ours(self.kube, what=f"PodTemplate {ns}/{name}", body=body,
                          read=lambda: core.read_namespaced_pod_template(name, ns),
