@@ -151,6 +151,42 @@ def test_a_pooled_buffers_pod_template_edited_by_someone_else_is_put_back(cluste
     assert restored["metadata"]["resourceVersion"] != first["metadata"]["resourceVersion"]
 
 
+def test_a_buffer_left_behind_by_a_change_of_gpu_resource_goes_to_zero_and_a_held_one_stays(
+        cluster, namespace, fleet, buffer_api):  # noqa: F811 - the fixture
+    """A 1-GPU model moves from nvidia.com/gpu to a MIG profile: its shape's pool is now `fleet-warm-1x-mig-...`
+    (the same GPU count) and the old `fleet-warm-1gpu` goes to 0 (keyed by name, not GPU count). A second MIG
+    model on another node pool makes the shape refused: its buffer is held, not scaled to 0."""
+    (ns_a, ns_b), _, _ = fleet
+    model(cluster, ns_a, replicas=0, pool=namespace, gpus="1")
+    model(cluster, ns_b, replicas=0, pool="other", gpus="1")
+    mig = "nvidia.com/mig-1g.10gb"
+
+    def to_mig(ns):
+        deployment = get(cluster, f"/apis/apps/v1/namespaces/{ns}/deployments/model")
+        deployment["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {mig: "1"},
+                                                                               "limits": {mig: "1"}}
+        assert cluster.request("PUT", f"/apis/apps/v1/namespaces/{ns}/deployments/model", deployment)[0] == 200
+
+    async def go(kube):
+        pool = pooled(kube, namespace)
+        await pool.ensure({1: 2}, await templates(kube, [ns_a]))
+        to_mig(ns_a)
+        await pool.ensure({1: 2}, await templates(kube, [ns_a]))
+        moved = replicas_by_name()
+        to_mig(ns_b)
+        with pytest.raises(PermanentError) as held:
+            await pool.ensure({1: 3}, await templates(kube, [ns_a, ns_b]))
+        return moved, held.value
+
+    def replicas_by_name():
+        return {b["metadata"]["name"]: b["spec"]["replicas"] for b in get(cluster, buffers_path(namespace))["items"]}
+
+    moved, held = with_kube(cluster, go)
+    assert moved == {"fleet-warm-1gpu": 0, "fleet-warm-1x-mig-1g.10gb": 2}
+    assert held.kind == "pooled_warm_shape" and "differ in node selector" in str(held)
+    assert replicas_by_name() == moved
+
+
 def test_a_pooled_buffer_refuses_objects_not_ours_and_models_that_cannot_share_a_pod(
         cluster, namespace, fleet, buffer_api):  # noqa: F811 - the fixture
     """A PodTemplate of the pool's name that is not ours is refused, and so is such a buffer: neither is

@@ -18,8 +18,10 @@ preempting one frees room for whichever of them comes), and carries their schedu
 selector, tolerations, affinity) and GPU resource, which must be the same for all of them: models of one GPU
 count that must land on different nodes (or on different MIG profiles) cannot share a placeholder. Such a
 shape is refused with an error naming the models' differences and held as it is, after the other shapes are
-applied; so is a shape that has slots but no template. A shape no model has any more (one of our pool
-Deployments missing from the call) is scaled to 0, not deleted, from its own template.
+applied; so is a shape that has slots but no template. Every other pool of ours whose name was not applied
+this tick is scaled to 0, not deleted, from its own template: a shape no model has any more, and the old pool
+of a shape whose models changed GPU resource (`nvidia.com/gpu` to a MIG profile: the same GPU count, another
+name).
 
 `ready()`: the ready placeholders per shape (read at most once per `ready_ttl_s`, so that every model of a
 tick shares one list). `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
@@ -160,7 +162,7 @@ def owned_pod(template: Mapping[str, Any]) -> dict:
 
 class PooledWarmPool:
     """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring).
-    Subclasses keep the shapes in other objects: `_apply`, `_empty_gone` and `_read_ready`."""
+    Subclasses keep the shapes in other objects: `_ours`, `_apply`, `_described`, `_zero` and `_read_ready`."""
 
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
                  prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
@@ -180,16 +182,30 @@ class PooledWarmPool:
                                       label_selector=OURS_SELECTOR)
         return listed.items
 
-    async def _apply(self, name: str, gpus: int, template: Any, slots: int) -> None:
+    def _name(self, gpus: int, template: Any) -> str:
+        return pool_name(self.prefix, gpus, replica_shape(template).gpu_resource)
+
+    async def _apply(self, *, name: str, gpus: int, template: Any, slots: int) -> None:
         """Write one shape's pool: `template` is the shape's merged pod template."""
         await self._pool(name, gpus).ensure(template, slots)
 
-    async def _empty_gone(self, keep: set[int]) -> None:
-        """Scale to 0 our pools of the shapes not in `keep`."""
-        for deployment in await self._ours():
-            gpus = shape_of(deployment.metadata.labels, name=deployment.metadata.name)
-            if gpus is not None and gpus not in keep and (deployment.spec.replicas or 0) > 0:
-                await self._pool(deployment.metadata.name, gpus).ensure(deployment.spec.template, 0)
+    @staticmethod
+    def _described(obj: Any) -> tuple[str, Mapping[str, str] | None, int]:
+        """The name, labels and replicas of one of the objects `_ours` lists."""
+        return obj.metadata.name, obj.metadata.labels, obj.spec.replicas or 0
+
+    async def _zero(self, obj: Any, *, name: str, gpus: int) -> None:
+        await self._pool(name, gpus).ensure(obj.spec.template, 0)
+
+    async def _empty_gone(self, *, keep: set[str], held_gpus: set[int]) -> None:
+        """Scale to 0 our pools whose name is not in `keep` (the pools applied or held this tick), except those
+        of the shapes in `held_gpus`: a pool left behind by a shape whose models changed resource (whole GPUs to
+        a MIG profile: another name, the same GPU count) goes to 0 too."""
+        for obj in await self._ours():
+            name, labels, replicas = self._described(obj)
+            gpus = shape_of(labels, name=name)
+            if gpus is not None and name not in keep and gpus not in held_gpus and replicas > 0:
+                await self._zero(obj, name=name, gpus=gpus)
 
     async def _read_ready(self) -> dict[int, int]:
         return ready_by_shape(await self._ours())
@@ -199,20 +215,25 @@ class PooledWarmPool:
         templates (model name -> V1PodTemplateSpec); shapes no model has any more go to 0. Raises one
         PermanentError naming every shape it had to hold, after applying the others."""
         groups = group_by_shape(templates)
-        problems = []
+        problems: list[str] = []
+        keep: set[str] = set()  # the pools applied or held this tick, by name
+        held_gpus: set[int] = set()  # shapes held whose pool's name is not known (no template)
         for gpus in sorted(set(groups) | {g for g, n in slots_by_shape.items() if n > 0}):
             if gpus not in groups:
                 problems.append(f"{gpus}-GPU replicas: {slots_by_shape[gpus]} warm slots decided but no model's "
                                 "pod template of that shape was read; held as it is")
+                held_gpus.add(gpus)
                 continue
             try:
                 template = merged_template(groups[gpus], self.kube.api.sanitize_for_serialization)
             except ValueError as exc:
                 problems.append(f"{gpus}-GPU replicas: {exc}; held as it is")
+                keep |= {self._name(gpus, t) for t in groups[gpus].values()}
                 continue
-            name = pool_name(self.prefix, gpus, replica_shape(template).gpu_resource)
-            await self._apply(name, gpus, template, slots_by_shape.get(gpus, 0))
-        await self._empty_gone(set(groups) | set(slots_by_shape))
+            name = self._name(gpus, template)
+            keep.add(name)
+            await self._apply(name=name, gpus=gpus, template=template, slots=slots_by_shape.get(gpus, 0))
+        await self._empty_gone(keep=keep, held_gpus=held_gpus)
         if problems:
             raise PermanentError("pooled warm pool: " + "; ".join(problems), kind="pooled_warm_shape")
 
@@ -260,12 +281,12 @@ class PooledCapacityBuffer(PooledWarmPool):
             raise
         return listed.get("items") or []
 
-    async def _apply(self, name: str, gpus: int, template: Any, slots: int) -> None:
+    async def _apply(self, *, name: str, gpus: int, template: Any, slots: int) -> None:
         """The PodTemplate first, so that the buffer never points at a template that is not there."""
-        await self._write_pod_template(name, gpus, template)
+        await self._write_pod_template(name=name, gpus=gpus, template=template)
         await self._buffer(name, gpus).ensure(None, slots)
 
-    async def _write_pod_template(self, name: str, gpus: int, template: Any) -> None:
+    async def _write_pod_template(self, *, name: str, gpus: int, template: Any) -> None:
         pod = placeholder_spec(template, name=name, priority_class=self.priority_class, pause_image=self.pause_image,
                                serialize=self.kube.api.sanitize_for_serialization)["spec"]["template"]
         digest = hashlib.sha256(json.dumps(pod, sort_keys=True).encode()).hexdigest()[:16]
@@ -283,11 +304,12 @@ class PooledCapacityBuffer(PooledWarmPool):
                          create=lambda b: core.create_namespaced_pod_template(ns, b),
                          replace=lambda b: core.replace_namespaced_pod_template(name, ns, b), same=unchanged)
 
-    async def _empty_gone(self, keep: set[int]) -> None:
-        for buffer in await self._ours():
-            gpus = shape_of(buffer["metadata"].get("labels"), name=buffer["metadata"]["name"])
-            if gpus is not None and gpus not in keep and (buffer.get("spec") or {}).get("replicas", 0) > 0:
-                await self._buffer(buffer["metadata"]["name"], gpus).ensure(None, 0)
+    @staticmethod
+    def _described(obj: Any) -> tuple[str, Mapping[str, str] | None, int]:
+        return obj["metadata"]["name"], obj["metadata"].get("labels"), (obj.get("spec") or {}).get("replicas", 0)
+
+    async def _zero(self, obj: Any, *, name: str, gpus: int) -> None:
+        await self._buffer(name, gpus).ensure(None, 0)
 
     async def _read_ready(self) -> dict[int, int]:
         """Every buffer's slots on existing capacity; none while the API is not served (as a missing buffer)."""
