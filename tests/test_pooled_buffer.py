@@ -364,3 +364,13 @@ def test_the_fleet_pools_capacity_buffers_for_the_capacity_buffer_backend(cluste
     assert all(d.warm_slots == 0 for d in decisions.values())  # none of their own
     assert all(d.lead_time_s >= 300 for d in decisions.values()), decisions
     assert all(d.lead_time_s < 300 for d in later.values()), later
+
+
+@pytest.mark.parametrize("ref", [{}, {"target_kind": "Deployment"}, {"target": "model"},
+                                 {"target_kind": "Deployment", "target": "model", "pod_template": "t"}])
+def test_a_buffer_needs_either_a_target_or_a_pod_template(ref):
+    """Neither (which wrote `scalableRef: {kind: "", name: ""}` silently), half a target, or both: refused."""
+    with pytest.raises(ValueError, match="needs either a target .* or a pod_template"):
+        CapacityBufferPool(None, namespace="ns", name="b", max_slots=1, **ref)
+    assert CapacityBufferPool(None, namespace="ns", name="b", max_slots=1, pod_template="t").ref == {
+        "podTemplateRef": {"name": "t"}}

@@ -221,11 +221,18 @@ def no_buffer_api() -> PermanentError:
 
 class CapacityBufferPool:
     """The warm pool as a CapacityBuffer named like the placeholder Deployment would be. Its chunk is one
-    replica of the target (`scalableRef`), or, with `pod_template`, the PodTemplate of that name in the same
-    namespace (`podTemplateRef`: the fleet's pooled buffers, pooledwarm.py); `labels`: more labels for it."""
+    replica of the target (`target_kind` and `target`: `scalableRef`), or, with `pod_template`, the PodTemplate
+    of that name in the same namespace (`podTemplateRef`: the fleet's pooled buffers, pooledwarm.py); exactly
+    one of the two (a ValueError otherwise). `labels`: more labels for it."""
 
     def __init__(self, kube: Kube, *, namespace: str, name: str, max_slots: int, target_kind: str = "",
                  target: str = "", pod_template: str | None = None, labels: Mapping[str, str] | None = None) -> None:
+        # neither would write `scalableRef: {kind: "", name: ""}` without a word
+        whole_target, any_target = bool(target_kind and target), bool(target_kind or target)
+        if (pod_template is None and not whole_target) or (pod_template is not None and any_target):
+            raise ValueError(f"CapacityBuffer {namespace}/{name}: needs either a target (target_kind and target) "
+                             f"or a pod_template, not both nor neither (target_kind={target_kind!r}, "
+                             f"target={target!r}, pod_template={pod_template!r})")
         self.kube = kube
         self.namespace, self.name, self.target_kind, self.target = namespace, name, target_kind, target
         self.max_slots, self.labels = max_slots, {**(labels or {}), **MANAGED_BY}
