@@ -326,7 +326,8 @@ class KubeCache:
         async def template():
             return (await reads.workload(target.namespace, target.kind, target.name)).spec.template
 
-        return SharedSlots(PooledView(self.pooled.prefix, self.pooled.cached_ready(reads)), template)
+        return SharedSlots(PooledView(self.pooled.prefix, self.pooled.cached_ready(reads), self.pooled.room_kept),
+                           template)
 
     def cluster_source(self, key: Key, settings: Settings) -> ClusterReader:
         """The model's cluster reader on the cache: the same one while its settings stay the same; a new one

@@ -15,7 +15,9 @@
 - the waits of pods that were placed on a node newer than them (`nodewaits.py`): node provisioning per
   node type, which the policy learns for its lead time;
 - with a capacity model (`capacity.py`, `budget.py`): idle replica-shaped slots on existing nodes, and the
-  replicas the GPU budget allows, with its reason.
+  replicas the GPU budget allows, with its reason. A warm pool whose slots are free room on the nodes (a
+  CapacityBuffer: `WarmPool.room_kept`) is in that free room too; its ready slots are taken out of the idle
+  slots (`warm_and_idle`), so that the policy does not count the buffer's room twice.
 
 A pod is read once (`pods.pod_facts`). After the target and its pods, the readers that need only those (the
 warm pool's ready slots, the provisioners' Events, the nodes' room, the budget) run concurrently, inside the
@@ -71,6 +73,18 @@ async def _first_error_raised(*coros):
         if isinstance(result, BaseException):
             raise result
     return results
+
+
+def warm_and_idle(warm_slots: int, room: NodeRoom | None, *, room_kept: bool) -> tuple[int, int]:
+    """The ready warm slots and idle node slots the policy is given. A warm pool whose slots are free room
+    (`room_kept`) is part of the nodes' free room: counted as idle slots too, the warm stage would take the
+    buffer's own room for idle room and ask for fewer slots (asked 0 -> the hold expires -> the provisioner
+    removes the room -> asked again: a loop). E.g. a buffer of 2 ready 1-GPU slots and an empty 2-GPU node
+    beside 1 other free GPU: 3 free slots on the nodes, 2 warm, 1 idle."""
+    idle = room.idle_slots if room is not None else 0
+    if room_kept:
+        idle = max(0, idle - warm_slots)
+    return warm_slots, idle
 
 
 def startup_s(pod: PodFacts) -> float | None:
@@ -199,6 +213,8 @@ class ClusterReader:
         node_waits = await self.node_waits.learn(pods, skip=self._capped)
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         room, budget = found.room, found.budget
+        warm, idle = warm_and_idle(found.warm_slots_ready, room,
+                                   room_kept=self.warm_pool is not None and self.warm_pool.room_kept)
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
@@ -207,8 +223,8 @@ class ClusterReader:
             no_capacity_pods=len(found.stuck),
             no_capacity_reason=found.stuck_reason,
             oldest_unschedulable_s=oldest,
-            warm_slots_ready=found.warm_slots_ready,
-            idle_slots=room.idle_slots if room else 0,
+            warm_slots_ready=warm,
+            idle_slots=idle,
             gpus_held=room.gpus_held if room else 0.0,
             gpu_cost_per_hour=room.cost_per_hour if room else None,
             budget_replicas=budget.replicas if budget else None,

@@ -131,6 +131,8 @@ class PooledWarmPool:
     """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring).
     Subclasses keep the shapes in other objects: `_apply`, `_empty_gone` and `_read_ready`."""
 
+    room_kept = False  # as `warmpool.WarmPool.room_kept`: placeholder pods hold their room
+
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
                  prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
         self.kube, self.namespace, self.prefix = kube, namespace, prefix
@@ -214,6 +216,8 @@ class PooledCapacityBuffer(PooledWarmPool):
     """The fleet's warm capacity as one PodTemplate and one CapacityBuffer per replica shape (see the module
     docstring): the same grouping, merge and refusals as the placeholders, kept by the provisioner."""
 
+    room_kept = True  # the provisioner keeps free room for the buffers: no pod of ours holds it
+
     def _buffer(self, name: str, gpus: int) -> CapacityBufferPool:
         return CapacityBufferPool(self.kube, namespace=self.namespace, name=name, max_slots=self.max_slots,
                                   pod_template=name, labels={SHAPE_LABEL: str(gpus)})
@@ -279,10 +283,12 @@ class PooledCapacityBuffer(PooledWarmPool):
 @dataclass(frozen=True)
 class PooledView:
     """What `SharedSlots` needs of the pooled pool: its name prefix and its ready slots per shape (the fleet's
-    watch cache serves them from memory: autoscaler/kube/cache.py)."""
+    watch cache serves them from memory: autoscaler/kube/cache.py), and whether they are free room kept on the
+    nodes (`warmpool.WarmPool.room_kept`)."""
 
     prefix: str
     ready: Callable[[], Awaitable[dict[int, int]]]
+    room_kept: bool = False
 
 
 class SharedSlots:
@@ -292,6 +298,7 @@ class SharedSlots:
     def __init__(self, pooled: PooledWarmPool | PooledView, template: Callable[[], Awaitable[Any]]) -> None:
         self.pooled, self.template = pooled, template
         self.name = pooled.prefix  # no placeholder is the model's own: none carries this name
+        self.room_kept = pooled.room_kept
 
     async def ensure(self, template: Any, slots: int) -> None:
         """Nothing: the fleet decides the pooled size (`PooledWarmPool.ensure`), not one model."""

@@ -40,6 +40,10 @@ NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
 class WarmPool(Protocol):
     """A warm pool backend."""
 
+    # Whether its ready slots are free room the provisioner keeps on the nodes (a CapacityBuffer) rather than
+    # pods that hold it (placeholders): the nodes' free room then includes them (cluster.py).
+    room_kept: bool
+
     @property
     def name(self) -> str:
         """The pool's object in the target's namespace; placeholder pods carry it in `WARM_POOL_LABEL`."""
@@ -128,6 +132,8 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
 
 
 class PlaceholderPool:
+    room_kept = False  # the placeholder pods hold their room: it is no node's free room
+
     def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
                  pause_image: str, max_slots: int, reads: ClusterReads | None = None,
                  labels: Mapping[str, str] | None = None) -> None:
@@ -192,6 +198,8 @@ class CapacityBufferPool:
     """The warm pool as a CapacityBuffer named like the placeholder Deployment would be. Its chunk is one
     replica of the target (`scalableRef`), or, with `pod_template`, the PodTemplate of that name in the same
     namespace (`podTemplateRef`: the fleet's pooled buffers, pooledwarm.py); `labels`: more labels for it."""
+
+    room_kept = True  # no pod holds the buffer's room: it is free room on the nodes
 
     def __init__(self, kube: Kube, *, namespace: str, name: str, max_slots: int, target_kind: str = "",
                  target: str = "", pod_template: str | None = None, labels: Mapping[str, str] | None = None) -> None:
