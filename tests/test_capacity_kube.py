@@ -316,7 +316,8 @@ def test_a_capacity_buffers_room_is_its_warm_slots_not_also_idle_slots(cluster, 
                                                                         buffer_api):  # noqa: F811 - the fixture
     """A model of 4-GPU replicas at 0, one empty 8-GPU node, a CapacityBuffer of 2 whose status says both fit
     on existing capacity (as Karpenter writes it): the node's room for 2 replicas is the buffer's, so 2 warm
-    slots and no idle one (not 2 of each)."""
+    slots and no idle one (not 2 of each). The model's 2 replicas then take that room: while the status still
+    says 2 (Karpenter's next look at the buffer is up to 30 s away; here nothing rewrites it), 0 warm slots."""
     ns = namespace
     pool_nodes(count=1)
     deploy(cluster, ns, replicas=0)
@@ -331,7 +332,11 @@ def test_a_capacity_buffers_room_is_its_warm_slots_not_also_idle_slots(cluster, 
         await pool.ensure(None, 2)
         path = f"/apis/{BUFFER_GROUP}/{BUFFER_VERSION}/namespaces/{ns}/{BUFFER_PLURAL}/model-warm-pool/status"
         assert cluster.request("PATCH", path, {"status": fits})[0] == 200
-        return await reader.read(time.time())
+        kept = await reader.read(time.time())
+        cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": 2}})
+        taken = await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == 2)
+        return kept, taken
 
-    kept = with_kube(cluster, go)
+    kept, taken = with_kube(cluster, go)
     assert (kept.warm_slots_ready, kept.idle_slots) == (2, 0)
+    assert taken.ready_replicas == 2 and (taken.warm_slots_ready, taken.idle_slots) == (0, 0)

@@ -35,7 +35,10 @@ room for that many virtual replicas of the shape; a replica of any model of that
 preemption: nothing is there), and the provisioner brings room for the buffer again behind it. Both objects
 carry our managed-by label; one of that name that is not ours is refused. The PodTemplate is rewritten only
 when the merged pod changes (its hash in `TEMPLATE_HASH`); a shape gone gets `replicas: 0`. `ready()` per
-shape is `warmpool.buffer_ready` of its buffer, read from the API (the watch cache holds no buffers).
+shape is `warmpool.buffer_ready` of its buffer, read from the API (the watch cache holds no buffers); each
+model's reader bounds it by the free room for its own template on Ready nodes (cluster.py `warm_and_idle`:
+the buffer's pod requests at least what the model's does, so that room is where a replica of the model
+lands without a new node).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@
   Ready slots: all of them when its Provisioning condition says they fit existing capacity, else those
   that did not need new capacity (from the condition's "N/M virtual pods required new capacity"). Karpenter
   counts nodes still starting (launched NodeClaims) as existing capacity, so for the node start-up time
-  after the buffer grows this is ahead of the nodes themselves.
+  after the buffer grows this is ahead of the nodes themselves, and it sees a replica that took the room only
+  at its next look at the buffer (up to ~30 s). Where the nodes are read (`capacity.read_nodes`, the fleet's
+  watch cache), the cluster reader bounds it by the free room on Ready nodes (cluster.py `warm_and_idle`).
 
 Placeholders in detail:
 Each placeholder requests what one replica's pod requests, all of it (GPUs, CPU, memory, as the scheduler
