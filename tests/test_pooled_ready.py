@@ -69,8 +69,8 @@ def test_concurrent_reads_share_one_list():
 
 def test_a_failed_read_serves_the_last_one_for_a_few_seconds_then_no_slot():
     """A good read of 2 slots; the list fails (503) from then on: 2 s later the last read is served (and kept
-    for the TTL: one list per second, not per model), 6 s after the good read none, each said in a log line;
-    a read that succeeds again counts the slots again."""
+    for the TTL: one list per second, not per model), still at 3 s, none 6 s after the good read; a log line
+    says each change (not each failed read); a read that succeeds again counts the slots again."""
     kube = FakeKube()
     pool = PooledCapacityBuffer(kube, namespace="ctl", priority_class="p", pause_image=PAUSE, max_slots=4,
                                 ready_ttl_s=1.0, stale_max_s=5.0)
@@ -81,19 +81,24 @@ def test_a_failed_read_serves_the_last_one_for_a_few_seconds_then_no_slot():
         with structlog.testing.capture_logs() as logs:
             await kube.clock.advance(2.0)
             seen += [await pool.ready(), await pool.ready()]
-            await kube.clock.advance(4.0)
+            await kube.clock.advance(1.0)
             seen.append(await pool.ready())
-        kube.failing = None
-        await kube.clock.advance(1.0)
-        seen.append(await pool.ready())
+            await kube.clock.advance(3.0)
+            seen += [await pool.ready()]
+            await kube.clock.advance(1.0)
+            seen += [await pool.ready()]
+            kube.failing = None
+            await kube.clock.advance(1.0)
+            seen.append(await pool.ready())
         return seen, logs
 
     seen, logs = asyncio.run(go())
-    assert seen == [{1: 2}, {1: 2}, {1: 2}, {}, {1: 2}]
-    assert kube.lists == 4  # the good one, one failure per TTL, the good one again
-    assert [(e["event"], e["kind"]) for e in logs] == [
+    assert seen == [{1: 2}, {1: 2}, {1: 2}, {1: 2}, {}, {}, {1: 2}]
+    assert kube.lists == 6  # the good one, one per TTL while failing (at 2, 3, 6, 7 s), the good one again
+    assert [(e["event"], e.get("kind")) for e in logs] == [
         ("pooled warm slots not read: the last read's are served", "apiserver_unavailable"),
-        ("pooled warm slots not read: none counted until a read succeeds", "apiserver_unavailable")]
+        ("pooled warm slots not read: none counted until a read succeeds", "apiserver_unavailable"),
+        ("pooled warm slots read again", None)]
     assert logs[0]["age_s"] == 2.0 and "HTTP 503" in logs[0]["error"]
 
 

@@ -55,9 +55,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Awaitable, Callable, Mapping
 
-from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
-
 import structlog
+from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 
 from autoscaler.errors import EdgeError, PermanentError
 from autoscaler.kube.capacity import replica_shape
@@ -71,6 +70,7 @@ log = structlog.get_logger("autoscaler")
 # How long a failed read of the pool serves the last good one: a few ticks of a blip, not a lasting outage
 # (then no slot, the safe side: the lead time includes node provisioning again).
 STALE_MAX_S = 5.0
+
 SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
 TEMPLATE_HASH = "inference-autoscaler/template-hash"  # on a pooled buffer's PodTemplate: the pod it was written with
 WHOLE_GPU = "nvidia.com/gpu"
@@ -155,6 +155,7 @@ class PooledWarmPool:
         self._ready: tuple[float, dict[int, int]] | None = None  # (read at, slots): served for `ready_ttl_s`
         self._good: tuple[float, dict[int, int]] | None = None  # the last read that did not fail
         self._reading: asyncio.Task | None = None  # the read in flight, which concurrent callers share
+        self._failing: str | None = None  # what failed reads serve now ("last", "none"), logged when it changes
 
     def _pool(self, name: str, gpus: int) -> PlaceholderPool:
         return PlaceholderPool(self.kube, namespace=self.namespace, name=name, priority_class=self.priority_class,
@@ -219,6 +220,9 @@ class PooledWarmPool:
             try:
                 out = await self._read_ready()
                 self._good = (now, out)
+                if self._failing is not None:
+                    log.info("pooled warm slots read again", slots=out)
+                    self._failing = None
             except EdgeError as exc:
                 out = self._stale(now, exc)
             self._ready = (now, out)  # a failure too is kept for `ready_ttl_s`: not a list per model
@@ -227,13 +231,19 @@ class PooledWarmPool:
             self._reading = None
 
     def _stale(self, now: float, exc: EdgeError) -> dict[int, int]:
-        """What a failed read serves: the last good read while it is at most `stale_max_s` old, else none."""
+        """What a failed read serves: the last good read while it is at most `stale_max_s` old, else none
+        (logged when that changes, not at every failed read of an outage)."""
         if self._good is not None and now - self._good[0] <= self.stale_max_s:
-            log.warning("pooled warm slots not read: the last read's are served", error=str(exc), kind=exc.kind,
-                        age_s=round(now - self._good[0], 1), slots=self._good[1])
+            if self._failing != "last":
+                log.warning("pooled warm slots not read: the last read's are served", error=str(exc),
+                            kind=exc.kind, age_s=round(now - self._good[0], 1), slots=self._good[1],
+                            stale_max_s=self.stale_max_s)
+                self._failing = "last"
             return self._good[1]
-        log.warning("pooled warm slots not read: none counted until a read succeeds", error=str(exc),
-                    kind=exc.kind, stale_max_s=self.stale_max_s)
+        if self._failing != "none":
+            log.warning("pooled warm slots not read: none counted until a read succeeds", error=str(exc),
+                        kind=exc.kind, stale_max_s=self.stale_max_s)
+            self._failing = "none"
         return {}
 
     def cached_ready(self, reads: Any) -> Callable[[], Awaitable[dict[int, int]]]:
