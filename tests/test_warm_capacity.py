@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from autoscaler.kube.capacity import NodeReader
 from autoscaler.kube.cluster import ClusterReader
 from autoscaler.kube.pooledwarm import PooledCapacityBuffer, PooledWarmPool
 from autoscaler.kube.warmpool import CapacityBufferPool, PlaceholderPool
@@ -194,6 +195,17 @@ def test_a_pooled_capacity_buffer_makes_karpenter_keep_room_a_models_replica_the
     assert on_existing and seconds < NODE_START_S + 5
     # The room for the buffer comes again behind them, but only at Karpenter's next look at the buffer (its
     # controller's 30-s resync: the replicas, placed at once, never were pending), so it is not waited for here.
+    # Until then its status still says 2; the model's reader, which reads the nodes, counts no slot.
+
+    async def counted(kube):
+        pooled = PooledCapacityBuffer(kube, namespace="fleet-buffer", priority_class="placeholder",
+                                      pause_image="registry.k8s.io/pause:3.10", max_slots=4, ready_ttl_s=0)
+        reader = ClusterReader(kube, namespace="buffered", kind="Deployment", name="model", nodes=NodeReader(kube),
+                               warm_pool=pooled.share(namespace="buffered", kind="Deployment", name="model"))
+        return await pooled.ready(), (await reader.read(time.time())).warm_slots_ready
+
+    said, counted_slots = with_kube(cp, counted)
+    assert counted_slots == 0, said
 
 
 def own_node_pool(cp, name: str, *, gpu_limit: int, namespaces, models) -> None:

@@ -23,8 +23,11 @@ this tick is scaled to 0, not deleted, from its own template: a shape no model h
 of a shape whose models changed GPU resource (`nvidia.com/gpu` to a MIG profile: the same GPU count, another
 name).
 
-`ready()`: the ready placeholders per shape (read at most once per `ready_ttl_s`, so that every model of a
-tick shares one list). `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
+`ready()`: the ready placeholders per shape, read at most once per `ready_ttl_s` for the whole fleet: the
+models decide concurrently, so a read in flight is one task every caller awaits (single-flight), not a list
+per model. A read that fails (5xx, 403, a timeout) serves the last good read while it is at most
+`stale_max_s` old, then no slot (logged): never a failed capacity read for every model of the tick.
+`share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
 own cluster reader. Its ready slots are those of the model's shape, which any model of that shape may take.
 Its `ensure` does nothing, since the fleet sizes the pool.
 
@@ -38,12 +41,15 @@ preemption: nothing is there), and the provisioner brings room for the buffer ag
 carry our managed-by label; one of that name that is not ours is refused. The PodTemplate is rewritten only
 when a field it owns (`owned_pod`: labels, containers' image and resources, scheduling fields) differs from the
 merged pod, whether the models changed or someone else edited it (the merged pod's hash is in `TEMPLATE_HASH`,
-for people); a shape gone gets `replicas: 0`. `ready()` per
-shape is `warmpool.buffer_ready` of its buffer, read from the API (the watch cache holds no buffers).
+for people); a shape gone gets `replicas: 0`. `ready()` per shape is `warmpool.buffer_ready` of its buffer,
+read from the API (the watch cache holds no buffers); each model's reader bounds it by the free room for its
+own template on Ready nodes (cluster.py `warm_and_idle`: the buffer's pod requests at least what the model's
+does, so that room is where a replica of the model lands without a new node).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import json
@@ -55,7 +61,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import structlog
 from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 
-from autoscaler.errors import PermanentError
+from autoscaler.errors import EdgeError, PermanentError
 from autoscaler.kube.capacity import replica_shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, format_quantity
@@ -64,6 +70,10 @@ from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSIO
                                       placeholder_spec, write_ours)
 
 log = structlog.get_logger("autoscaler")
+
+# How long a failed read of the pool serves the last good one: a few ticks of a blip, not a lasting outage
+# (then no slot, the safe side: the lead time includes node provisioning again).
+STALE_MAX_S = 5.0
 
 SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
 # Our pool objects: the shape label AND our managed-by label (another's object with our shape label is not ours).
@@ -164,12 +174,17 @@ class PooledWarmPool:
     """The fleet's warm placeholders, one `PlaceholderPool` per replica shape (see the module docstring).
     Subclasses keep the shapes in other objects: `_ours`, `_apply`, `_described`, `_zero` and `_read_ready`."""
 
+    room_kept = False  # as `warmpool.WarmPool.room_kept`: placeholder pods hold their room
+
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
-                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0) -> None:
+                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0, stale_max_s: float = STALE_MAX_S) -> None:
         self.kube, self.namespace, self.prefix = kube, namespace, prefix
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
-        self.ready_ttl_s = ready_ttl_s
-        self._ready: tuple[float, dict[int, int]] | None = None
+        self.ready_ttl_s, self.stale_max_s = ready_ttl_s, stale_max_s
+        self._ready: tuple[float, dict[int, int]] | None = None  # (read at, slots): served for `ready_ttl_s`
+        self._good: tuple[float, dict[int, int]] | None = None  # the last read that did not fail
+        self._reading: asyncio.Task | None = None  # the read in flight, which concurrent callers share
+        self._failing: str | None = None  # what failed reads serve now ("last", "none"), logged when it changes
 
     def _pool(self, name: str, gpus: int) -> PlaceholderPool:
         return PlaceholderPool(self.kube, namespace=self.namespace, name=name, priority_class=self.priority_class,
@@ -238,13 +253,46 @@ class PooledWarmPool:
             raise PermanentError("pooled warm pool: " + "; ".join(problems), kind="pooled_warm_shape")
 
     async def ready(self) -> dict[int, int]:
-        """Ready slots per shape (GPUs per replica), read at most once per `ready_ttl_s`."""
+        """Ready slots per shape (GPUs per replica), read at most once per `ready_ttl_s` and once at a time
+        (see the module docstring)."""
         now = self.kube.clock.now()
         if self._ready is not None and now - self._ready[0] < self.ready_ttl_s:
             return dict(self._ready[1])
-        out = await self._read_ready()
-        self._ready = (now, out)
-        return dict(out)
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_shared(now))
+        # shielded: a caller cancelled (its tick's deadline) must not cancel the read the others await
+        return dict(await asyncio.shield(self._reading))
+
+    async def _read_shared(self, now: float) -> dict[int, int]:
+        try:
+            try:
+                out = await self._read_ready()
+                self._good = (now, out)
+                if self._failing is not None:
+                    log.info("pooled warm slots read again", slots=out)
+                    self._failing = None
+            except EdgeError as exc:
+                out = self._stale(now, exc)
+            self._ready = (now, out)  # a failure too is kept for `ready_ttl_s`: not a list per model
+            return out
+        finally:
+            self._reading = None
+
+    def _stale(self, now: float, exc: EdgeError) -> dict[int, int]:
+        """What a failed read serves: the last good read while it is at most `stale_max_s` old, else none
+        (logged when that changes, not at every failed read of an outage)."""
+        if self._good is not None and now - self._good[0] <= self.stale_max_s:
+            if self._failing != "last":
+                log.warning("pooled warm slots not read: the last read's are served", error=str(exc),
+                            kind=exc.kind, age_s=round(now - self._good[0], 1), slots=self._good[1],
+                            stale_max_s=self.stale_max_s)
+                self._failing = "last"
+            return self._good[1]
+        if self._failing != "none":
+            log.warning("pooled warm slots not read: none counted until a read succeeds", error=str(exc),
+                        kind=exc.kind, stale_max_s=self.stale_max_s)
+            self._failing = "none"
+        return {}
 
     def cached_ready(self, reads: Any) -> Callable[[], Awaitable[dict[int, int]]]:
         """How a model's view reads the ready slots per shape with the fleet's watch cache (`reads`: its
@@ -265,6 +313,8 @@ class PooledWarmPool:
 class PooledCapacityBuffer(PooledWarmPool):
     """The fleet's warm capacity as one PodTemplate and one CapacityBuffer per replica shape (see the module
     docstring): the same grouping, merge and refusals as the placeholders, kept by the provisioner."""
+
+    room_kept = True  # the provisioner keeps free room for the buffers: no pod of ours holds it
 
     def _buffer(self, name: str, gpus: int) -> CapacityBufferPool:
         return CapacityBufferPool(self.kube, namespace=self.namespace, name=name, max_slots=self.max_slots,
@@ -333,10 +383,12 @@ class PooledCapacityBuffer(PooledWarmPool):
 @dataclass(frozen=True)
 class PooledView:
     """What `SharedSlots` needs of the pooled pool: its name prefix and its ready slots per shape (the fleet's
-    watch cache serves them from memory: autoscaler/kube/cache.py)."""
+    watch cache serves them from memory: autoscaler/kube/cache.py), and whether they are free room kept on the
+    nodes (`warmpool.WarmPool.room_kept`)."""
 
     prefix: str
     ready: Callable[[], Awaitable[dict[int, int]]]
+    room_kept: bool = False
 
 
 class SharedSlots:
@@ -346,6 +398,7 @@ class SharedSlots:
     def __init__(self, pooled: PooledWarmPool | PooledView, template: Callable[[], Awaitable[Any]]) -> None:
         self.pooled, self.template = pooled, template
         self.name = pooled.prefix  # no placeholder is the model's own: none carries this name
+        self.room_kept = pooled.room_kept
 
     async def ensure(self, template: Any, slots: int) -> None:
         """Nothing: the fleet decides the pooled size (`PooledWarmPool.ensure`), not one model."""

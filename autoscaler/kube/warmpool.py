@@ -9,7 +9,9 @@
   Ready slots: all of them when its Provisioning condition says they fit existing capacity, else those
   that did not need new capacity (from the condition's "N/M virtual pods required new capacity"). Karpenter
   counts nodes still starting (launched NodeClaims) as existing capacity, so for the node start-up time
-  after the buffer grows this is ahead of the nodes themselves.
+  after the buffer grows this is ahead of the nodes themselves, and it sees a replica that took the room only
+  at its next look at the buffer (up to ~30 s). Where the nodes are read (`capacity.read_nodes`, the fleet's
+  watch cache), the cluster reader bounds it by the free room on Ready nodes (cluster.py `warm_and_idle`).
 
 Placeholders in detail:
 Each placeholder requests what one replica's pod requests, all of it (GPUs, CPU, memory, as the scheduler
@@ -39,6 +41,10 @@ NATIVE = ("cpu", "memory", "ephemeral-storage", "hugepages-")
 
 class WarmPool(Protocol):
     """A warm pool backend."""
+
+    # Whether its ready slots are free room the provisioner keeps on the nodes (a CapacityBuffer) rather than
+    # pods that hold it (placeholders): the nodes' free room then includes them (cluster.py).
+    room_kept: bool
 
     @property
     def name(self) -> str:
@@ -147,6 +153,8 @@ def placeholder_spec(template, *, name: str, priority_class: str, pause_image: s
 
 
 class PlaceholderPool:
+    room_kept = False  # the placeholder pods hold their room: it is no node's free room
+
     def __init__(self, kube: Kube, *, namespace: str, name: str, priority_class: str,
                  pause_image: str, max_slots: int, reads: ClusterReads | None = None,
                  labels: Mapping[str, str] | None = None) -> None:
@@ -224,6 +232,8 @@ class CapacityBufferPool:
     replica of the target (`target_kind` and `target`: `scalableRef`), or, with `pod_template`, the PodTemplate
     of that name in the same namespace (`podTemplateRef`: the fleet's pooled buffers, pooledwarm.py); exactly
     one of the two (a ValueError otherwise). `labels`: more labels for it."""
+
+    room_kept = True  # no pod holds the buffer's room: it is free room on the nodes
 
     def __init__(self, kube: Kube, *, namespace: str, name: str, max_slots: int, target_kind: str = "",
                  target: str = "", pod_template: str | None = None, labels: Mapping[str, str] | None = None) -> None:
