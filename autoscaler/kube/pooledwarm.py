@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -139,17 +140,23 @@ def shape_of(labels: Mapping[str, str] | None, *, name: str = "") -> int | None:
     if shape is None or not owned({"labels": labels}):
         return None
     if not shape.isdigit():
-        log.warning("error", where="pooled warm pool", kind="bad_shape_label", object=name,
-                    error=f"label {SHAPE_LABEL}={shape!r} is not a number of GPUs; object skipped")
+        _bad_shape(name, shape)
         return None
     return int(shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _bad_shape(name: str, shape: str) -> None:
+    """Logged once per object and label value, not at every read of the pool (each second)."""
+    log.warning("error", where="pooled warm pool", kind="bad_shape_label", object=name,
+                error=f"label {SHAPE_LABEL}={shape!r} is not a number of GPUs; object skipped")
 
 
 def ready_by_shape(deployments) -> dict[int, int]:
     """Ready placeholders per shape (GPUs per replica) of the pool Deployments among `deployments`."""
     out: dict[int, int] = {}
     for deployment in deployments:
-        gpus = shape_of(deployment.metadata.labels)
+        gpus = shape_of(deployment.metadata.labels, name=deployment.metadata.name)
         if gpus is not None:
             ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
             out[gpus] = out.get(gpus, 0) + ready
@@ -371,7 +378,7 @@ class PooledCapacityBuffer(PooledWarmPool):
             return {}
         out: dict[int, int] = {}
         for buffer in buffers:
-            gpus = shape_of(buffer["metadata"].get("labels")) or 0
+            gpus = shape_of(buffer["metadata"].get("labels"), name=buffer["metadata"]["name"]) or 0
             out[gpus] = out.get(gpus, 0) + buffer_ready(buffer)
         return out
 
