@@ -12,7 +12,9 @@ Design:
   are serialised under a lock: one fit at a time, in the caller's thread (decide runs in a worker thread,
   so the event loop keeps answering while a fit runs).
 - Same bits, same code: the child runs `forecast.in_process` on the same bytes and sends back its result
-  pickled: the same floats, bit for bit, as a fit in this process (tests/test_fitchild.py). `-P` and the
+  pickled: the same floats, bit for bit, as a fit in this process (tests/test_fitchild.py). It runs
+  statsmodels' own grid search for the starting values even where numba is installed (the same choice,
+  policies/stages/gridstart.py): compiling the faster one costs about a second of a short-lived child. `-P` and the
   parent's package root first on its PYTHONPATH: a controller started in a directory holding another
   checkout still runs its own code in the child. The child runs one BLAS thread unless the controller's
   environment names a thread count (`autoscaler.blas`): its fits are tiny, more threads only spin.
@@ -317,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     A fit that raises is answered `("error", repr)`: only that request fails."""
     os.dup2(2, 1)  # whatever a library prints goes to stderr, not into the answers
     _lowest_oom_priority()
+    from policies.stages import gridstart
     from policies.stages.forecast import in_process
+
+    gridstart.use_compiled(False)  # statsmodels' own grid search, the same bits: no compile in a short life
 
     requests = Connection(os.dup(0), writable=False)
     answers = Connection(int((argv if argv is not None else sys.argv)[-1]), readable=False)

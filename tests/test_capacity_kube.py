@@ -11,12 +11,13 @@ from autoscaler.errors import PermanentError
 from autoscaler.kube.budget import BudgetReader
 from autoscaler.kube.capacity import NodeReader, replica_shape
 from autoscaler.kube.cluster import ClusterReader
-from autoscaler.kube.warmpool import PlaceholderPool
+from autoscaler.kube.warmpool import BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, CapacityBufferPool, PlaceholderPool
 from policies import PolicySpec, Sample, Signals, decide, initial_state
 
 from loadtest.kube.controlplane import gpu_node, model_deployment
 
 from helpers import tell_no_capacity, with_kube
+from test_pooled_buffer import buffer_api  # noqa: F401 - the fixture
 
 
 
@@ -309,3 +310,33 @@ def test_a_pod_a_provisioner_could_not_place_teaches_no_node_provisioning(cluste
     told, placed, waits = with_kube(cluster, go)
     assert told.no_capacity_pods == 1 and placed.ready_replicas == 1
     assert waits == [], waits
+
+
+def test_a_capacity_buffers_room_is_its_warm_slots_not_also_idle_slots(cluster, namespace, pool_nodes,
+                                                                        buffer_api):  # noqa: F811 - the fixture
+    """A model of 4-GPU replicas at 0, one empty 8-GPU node, a CapacityBuffer of 2 whose status says both fit
+    on existing capacity (as Karpenter writes it): the node's room for 2 replicas is the buffer's, so 2 warm
+    slots and no idle one (not 2 of each). The model's 2 replicas then take that room: while the status still
+    says 2 (Karpenter's next look at the buffer is up to 30 s away; here nothing rewrites it), 0 warm slots."""
+    ns = namespace
+    pool_nodes(count=1)
+    deploy(cluster, ns, replicas=0)
+    fits = {"replicas": 2, "conditions": [{"type": "Provisioning", "status": "True", "reason": "Provisioned",
+                                           "message": "fits", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+    async def go(kube):
+        pool = CapacityBufferPool(kube, namespace=ns, name="model-warm-pool", target_kind="Deployment",
+                                  target="model", max_slots=4)
+        reader = ClusterReader(kube, namespace=ns, kind="Deployment", name="model", warm_pool=pool,
+                               nodes=NodeReader(kube))
+        await pool.ensure(None, 2)
+        path = f"/apis/{BUFFER_GROUP}/{BUFFER_VERSION}/namespaces/{ns}/{BUFFER_PLURAL}/model-warm-pool/status"
+        assert cluster.request("PATCH", path, {"status": fits})[0] == 200
+        kept = await reader.read(time.time())
+        cluster.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/model", {"spec": {"replicas": 2}})
+        taken = await until(lambda: reader.read(time.time()), lambda s: s.ready_replicas == 2)
+        return kept, taken
+
+    kept, taken = with_kube(cluster, go)
+    assert (kept.warm_slots_ready, kept.idle_slots) == (2, 0)
+    assert taken.ready_replicas == 2 and (taken.warm_slots_ready, taken.idle_slots) == (0, 0)

@@ -294,6 +294,22 @@ def test_idle_slots_component_grants_listing_pods_everywhere_and_turns_the_readi
     assert {"name": "AUTOSCALER_CAPACITY__READ_NODES", "value": "true"} in env
 
 
+@pytest.mark.parametrize("components", [("fleet-crd", "fleet", "capacity-buffer", "model-name"),
+                                        ("fleet-crd", "capacity-buffer", "fleet", "model-name")])
+def test_the_fleet_component_keeps_what_another_component_adds_to_the_environment_in_either_order(tmp_path,
+                                                                                                components):
+    """The fleet component drops the single-model entries and adds its own by name: the capacity-buffer
+    component's backend stays whether it is listed before or after it."""
+    docs = render_overlay(tmp_path, namespace="ctl", model="fleet", components=components)
+    env = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert sorted(names) == ["AUTOSCALER_FLEET__ENABLED", "AUTOSCALER_LEADER_ELECTION__LEASE_NAME",
+                             "AUTOSCALER_WARM_POOL__BACKEND", "MODEL_NAME", "POD_NAME", "POD_NAMESPACE"], names
+    assert {"name": "AUTOSCALER_WARM_POOL__BACKEND", "value": "capacity-buffer"} in env
+    # $(MODEL_NAME) is expanded only from an entry listed before it
+    assert names.index("MODEL_NAME") < names.index("AUTOSCALER_LEADER_ELECTION__LEASE_NAME")
+
+
 def test_network_policy_component_admits_keda_the_gateway_and_monitoring_only_and_is_accepted(cluster, installed,
                                                                                             tmp_path):
     docs = render_overlay(tmp_path, namespace=NS, model=MODEL, components=("model-name", "network-policy"))
@@ -369,3 +385,48 @@ def test_every_shipped_image_is_pinned_to_a_release():
     for image, path in images.items():
         name, _, tag = image.rpartition("@")[0].rpartition(":") if "@" in image else image.rpartition(":")
         assert "@sha256:" in image or (name and tag and "/" not in tag and tag != "latest"), (str(path), image)
+
+
+CB_NS, CB_MODEL = "llm-cb", "llama-cb"
+
+
+def test_capacity_buffer_component_lets_the_controller_keep_its_buffer_and_nothing_more(cluster, tmp_path):
+    """The capacity-buffer component on the real apiserver: with the service account's own token, the
+    controller's single-model buffer is created, resized and read; deleting it, and any buffer of another
+    namespace, stays forbidden."""
+    from autoscaler.kube.warmpool import BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, CapacityBufferPool
+
+    crd_file = cluster.bin_dir / "karpenter-crds" / f"{BUFFER_GROUP}_{BUFFER_PLURAL}.yaml"
+    [crd] = cluster.apply_yaml(crd_file.read_text())
+    cluster.wait_established([crd["metadata"]["name"]])
+    assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": CB_NS}})[0] in (201, 409)
+    assert cluster.request("POST", f"/apis/apps/v1/namespaces/{CB_NS}/deployments",
+                           model_deployment(CB_NS, CB_MODEL, 1))[0] == 201
+    docs = render_overlay(tmp_path / "overlay", namespace=CB_NS, model=CB_MODEL,
+                          components=("capacity-buffer", "model-name"))
+    env = find(docs, "Deployment", "inference-autoscaler")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "AUTOSCALER_WARM_POOL__BACKEND", "value": "capacity-buffer"} in env
+    for doc in docs:
+        path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=doc["metadata"].get("namespace", CB_NS))
+        status, body = cluster.request("POST", path + "?fieldValidation=Strict", doc)
+        assert status == 201 or (status == 409 and doc["kind"] == "PriorityClass"), body.get("message")
+    kubeconfig = service_account_kubeconfig(cluster, CB_NS, "sa-cb")
+
+    async def go():
+        kube = await Kube.connect(kubeconfig)
+        try:
+            pool = CapacityBufferPool(kube, namespace=CB_NS, name=f"{CB_MODEL}-warm-pool", target_kind="Deployment",
+                                      target=CB_MODEL, max_slots=3)
+            await pool.ensure(None, 2)
+            await pool.ensure(None, 1)
+            return await pool.ready()
+        finally:
+            await kube.close()
+
+    assert asyncio.run(go()) == 0  # no provisioner here to report room
+    buffers = f"/apis/{BUFFER_GROUP}/{BUFFER_VERSION}/namespaces/{{ns}}/{BUFFER_PLURAL}"
+    status, buffer = cluster.request("GET", buffers.format(ns=CB_NS) + f"/{CB_MODEL}-warm-pool")
+    assert status == 200 and buffer["spec"]["replicas"] == 1, buffer
+    assert buffer["spec"]["scalableRef"] == {"apiGroup": "apps", "kind": "Deployment", "name": CB_MODEL}
+    assert impersonated(cluster, "DELETE", buffers.format(ns=CB_NS) + f"/{CB_MODEL}-warm-pool", ns=CB_NS) == 403
+    assert impersonated(cluster, "GET", buffers.format(ns=NS), ns=CB_NS) == 403

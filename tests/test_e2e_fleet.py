@@ -215,6 +215,16 @@ def test_a_replica_that_lands_on_a_free_node_did_not_need_the_pool():
     assert _first(lifetimes) == {"models": [LOW], "t_s": 650.0}
 
 
+def test_a_replica_placed_in_the_second_it_was_created_does_not_hold_the_room_it_is_tested_for():
+    """Run 25: batch's replica was created and placed on a free node in the same second (placed = created, both
+    whole seconds); counting it as holding that node left no free room for itself, so it "needed" the pool,
+    and chat's later take of a placeholder failed the check."""
+    lifetimes = {**_full_node("n-0"), **_full_node("n-1"), **_free_node("free"), **_slot("p", node="pooled"),
+                 ("model", "batch-1"): _replica("batch", created=65, node="free", placed=65),
+                 ("model", "chat-1"): _replica("chat", created=75, node="pooled", placed=75)}
+    assert _first(lifetimes) == {"models": [TOP], "t_s": 750.0}
+
+
 def test_replicas_created_in_one_second_wait_for_each_other():
     """A creationTimestamp is a whole second (10 scenario seconds here) and a fleet tick creates several
     replicas at once: two of chat's in one second with one free node left, the second needed the pool."""

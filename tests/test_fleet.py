@@ -307,6 +307,15 @@ def fleet_installed(cluster, crd, tmp_path_factory):
     ("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1", True),
     ("GET", "/apis/kueue.x-k8s.io/v1beta1/localqueues?watch=true&timeoutSeconds=1", True),
     ("GET", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues?watch=true&timeoutSeconds=1", True),
+    ("POST", "/apis/autoscaling.x-k8s.io/v1beta1/namespaces/any/capacitybuffers", True),  # warm pools, as buffers
+    ("GET", f"/apis/autoscaling.x-k8s.io/v1beta1/namespaces/{FLEET_NS}/capacitybuffers", True),  # pooled: ours
+    ("GET", "/apis/autoscaling.x-k8s.io/v1beta1/namespaces/any/capacitybuffers", False),  # listed in ours only
+    ("GET", "/apis/autoscaling.x-k8s.io/v1beta1/capacitybuffers", False),
+    ("GET", "/apis/autoscaling.x-k8s.io/v1beta1/namespaces/any/capacitybuffers/b", True),  # a model's own buffer
+    ("DELETE", "/apis/autoscaling.x-k8s.io/v1beta1/namespaces/any/capacitybuffers/b", False),
+    ("PUT", f"/api/v1/namespaces/{FLEET_NS}/podtemplates/fleet-warm-1gpu", True),  # a pooled buffer's pod
+    ("POST", f"/api/v1/namespaces/{FLEET_NS}/podtemplates", True),
+    ("POST", "/api/v1/namespaces/any/podtemplates", False),  # only in the controller's namespace
     ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{FLEET_NS}/leases", False),  # only with fleet-shards
     ("POST", "/apis/coordination.k8s.io/v1/namespaces/any/leases", False),
 ])

@@ -118,9 +118,9 @@ class Barrier:
 
 
 class Readers:
-    def __init__(self, barrier: Barrier, errors: dict):
+    def __init__(self, barrier: Barrier, errors: dict, *, room_kept: bool = False):
         self.barrier, self.errors = barrier, errors
-        self.name = "model-warm-pool"
+        self.name, self.room_kept = "model-warm-pool", room_kept
 
     async def ready(self):
         return await self.barrier.cross("warm", 2, self.errors.get("warm"))
@@ -162,10 +162,10 @@ class FakeKube:
         return await fn(*args, **kwargs)
 
 
-def read_cluster(errors: dict | None = None):
+def read_cluster(errors: dict | None = None, *, room_kept: bool = False):
     errors = errors or {}
     barrier = Barrier(4)
-    readers = Readers(barrier, errors)
+    readers = Readers(barrier, errors, room_kept=room_kept)
     reader = ClusterReader(FakeKube(barrier, errors), namespace="llm", kind="Deployment", name="m",
                            warm_pool=readers, nodes=readers, budget=readers)
     return asyncio.run(asyncio.wait_for(reader.read(at(110.0).timestamp()), 5.0)), sorted(barrier.inside)
@@ -177,6 +177,16 @@ def test_the_capacity_readers_run_at_once_into_one_state():
     assert (state.warm_slots_ready, state.idle_slots, state.budget_replicas, state.no_capacity_pods) == (2, 3, 5, 1)
     assert state.no_capacity_reason == "karpenter: exceed limits" and state.unschedulable_pods == 1
     assert state.startup_durations_s == (60.0,) and state.oldest_unschedulable_s == 110.0
+
+
+def test_a_capacity_buffers_ready_slots_are_not_also_idle_slots():
+    """A buffer's ready slots are free room on the nodes, which the nodes' reader counts too: 2 ready of 3 free
+    slots leave 1 idle (counted twice, the warm stage took the buffer's own room for idle room and shrank it).
+    Placeholder pods hold their room: the nodes' 3 free slots are all idle."""
+    buffer, _ = read_cluster(room_kept=True)
+    assert (buffer.warm_slots_ready, buffer.idle_slots) == (2, 1)
+    placeholders, _ = read_cluster(room_kept=False)
+    assert (placeholders.warm_slots_ready, placeholders.idle_slots) == (2, 3)
 
 
 def test_a_failing_reader_fails_the_read_and_the_first_in_order_is_raised():

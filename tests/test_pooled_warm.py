@@ -187,3 +187,21 @@ def test_the_cache_gives_each_model_the_ready_pooled_slots_of_its_shape_without_
 async def _ready(pooled, wanted):
     ready = await pooled.ready()
     return ready if ready == wanted else None
+
+
+def test_the_cache_counts_only_our_placeholder_pools_and_skips_a_shape_label_that_does_not_parse():
+    """`ready_by_shape` (the watch cache's pooled count): a Deployment of another's with our shape label is not
+    counted, and one of ours whose label is not a number is skipped, not raised (that would fail every tick)."""
+    from kubernetes_asyncio.client import V1Deployment, V1DeploymentStatus, V1ObjectMeta
+
+    from autoscaler.kube.pooledwarm import ready_by_shape
+    from autoscaler.kube.warmpool import MANAGED_BY
+
+    def deployment(name, labels, ready):
+        return V1Deployment(metadata=V1ObjectMeta(name=name, labels=labels),
+                            status=V1DeploymentStatus(ready_replicas=ready))
+
+    found = ready_by_shape([deployment("fleet-warm-1gpu", {SHAPE_LABEL: "1", **MANAGED_BY}, 2),
+                            deployment("theirs", {SHAPE_LABEL: "1"}, 5),
+                            deployment("garbled", {SHAPE_LABEL: "x", **MANAGED_BY}, 3)])
+    assert found == {1: 2}

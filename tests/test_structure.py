@@ -18,7 +18,8 @@ OFFLINE_ONLY = ("autoscaler.sim", "autoscaler.traces", "autoscaler.replay", "aut
                 "matplotlib", "tqdm")
 # The forecasting stack, 91 MB of a process's resident memory (docs/speed.md): imported by a statsmodels refit,
 # never at start; `autoscaler run` refits in a child process, so never at all (tests/test_fitchild.py).
-AT_FIRST_REFIT = ("statsmodels", "pandas", "patsy", "scipy.optimize", "scipy.stats")
+# numba (the replay extra) compiles the refits' grid search: at the first refit in a replay, never in `run`.
+AT_FIRST_REFIT = ("statsmodels", "pandas", "patsy", "scipy.optimize", "scipy.stats", "numba", "llvmlite")
 
 
 def test_the_run_command_loads_neither_the_simulator_nor_plotting_nor_the_forecasting_stack():

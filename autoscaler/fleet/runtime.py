@@ -34,7 +34,7 @@ from autoscaler.fleet.status import StatusWriter
 from autoscaler.fleet.watch import ObjectWatch
 from autoscaler.kube.client import Kube
 from autoscaler.kube.lease import LeaderElector
-from autoscaler.kube.pooledwarm import PooledWarmPool
+from autoscaler.kube.pooledwarm import PooledCapacityBuffer, PooledWarmPool
 from autoscaler.runtime import Parts, _on_signals, _serve, health_app, run_tasks, stop_servers
 from policies.fleet import Budgets
 
@@ -93,15 +93,16 @@ def build_fleet(settings: Settings, kube: Kube, session: aiohttp.ClientSession, 
 
 def build_step(settings: Settings, kube: Kube) -> FleetStep | None:
     """The fleet decision, when the process config caps the fleet's GPUs (`capacity.max_gpus`) or each
-    namespace's (`capacity.namespace_max_gpus`); with the warm pool on (placeholders), pooled per replica shape
-    in the controller's namespace."""
+    namespace's (`capacity.namespace_max_gpus`); with the warm pool on, pooled per replica shape in the
+    controller's namespace, as placeholders or as CapacityBuffers (`warm_pool.backend`)."""
     capacity, warm = settings.capacity, settings.warm_pool
     if capacity.max_gpus is None and capacity.namespace_max_gpus is None:
         return None
     pooled = None
-    if warm.enabled and warm.backend == "placeholders":
-        pooled = PooledWarmPool(kube, namespace=lease_namespace(settings), priority_class=warm.priority_class,
-                                pause_image=warm.pause_image, max_slots=settings.policy.max_warm_slots)
+    if warm.enabled:
+        backend = PooledCapacityBuffer if warm.backend == "capacity-buffer" else PooledWarmPool
+        pooled = backend(kube, namespace=lease_namespace(settings), priority_class=warm.priority_class,
+                         pause_image=warm.pause_image, max_slots=settings.policy.max_warm_slots)
     return FleetStep(budgets=Budgets(fleet_gpus=capacity.max_gpus), namespace_gpus_each=capacity.namespace_max_gpus,
                      spec=settings.fleet.decision.spec(), pooled=pooled)
 

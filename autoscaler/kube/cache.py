@@ -13,7 +13,9 @@ Deployment, the nodes of node waits). Each kind is listed, then watched from the
 (`readers.build_cluster_reader`), reading these items from memory through `CacheReads` (the
 `reads.ClusterReads` seam): the same computation as the listing path, from the same kind of objects. With the
 fleet's pooled warm pool (`use_pooled`), a model's warm pool is its view of it (the ready pooled placeholders
-of its shape, `pooledwarm.SharedSlots`), read from the cached Deployments too.
+of its shape, `pooledwarm.SharedSlots`), read from the cached Deployments too (the pooled CapacityBuffers'
+status from the API: `PooledWarmPool.cached_ready`, bounded by the free room the cached nodes and pods
+leave, whether or not `capacity.read_nodes` counts idle slots: `readers.build_cluster_reader`).
 Until every kind has synced, reads raise a TransientError
 (kind `cache_not_synced`): the tick holds. Writes stay per model, as do the reads the cache does not hold:
 the Kueue queues without their CRDs (or at another API version than the cache's), and a CapacityBuffer
@@ -320,15 +322,13 @@ class KubeCache:
         template and the slots read from the cache."""
         if self.pooled is None:
             return build_warm_pool(settings, self.kube, reads=self.reads)
-        target, reads, namespace = settings.target, self.reads, self.pooled.namespace
+        target, reads = settings.target, self.reads
 
         async def template():
             return (await reads.workload(target.namespace, target.kind, target.name)).spec.template
 
-        async def ready():
-            return await reads.pooled_ready(namespace)
-
-        return SharedSlots(PooledView(self.pooled.prefix, ready), template)
+        return SharedSlots(PooledView(self.pooled.prefix, self.pooled.cached_ready(reads), self.pooled.room_kept),
+                           template)
 
     def cluster_source(self, key: Key, settings: Settings) -> ClusterReader:
         """The model's cluster reader on the cache: the same one while its settings stay the same; a new one
@@ -336,7 +336,7 @@ class KubeCache:
         known = self._sources.get(key)
         if known is None or known[0] != settings:
             warm_pool = self._warm_pool(settings)
-            reader = build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads)
+            reader = build_cluster_reader(settings, self.kube, warm_pool, reads=self.reads, nodes_in_memory=True)
             if known is not None and known[0].target == settings.target:
                 reader.carry_over(known[1])
             known = (settings, reader)

@@ -14,7 +14,8 @@
   and at most one otherwise; anti-affinity over a wider domain (zone, `nvidia.com/gpu.clique`) and
   required pod affinity count no idle slot at all (too few slots only lengthen the lead time). Reading
   the nodes needs `list` on nodes and on pods in every namespace (a ClusterRole); if that read fails,
-  idle slots are taken as 0, which only lengthens the lead time.
+  the room is unknown (None): idle slots are taken as 0, which only lengthens the lead time, and a
+  CapacityBuffer's ready slots are taken as its status says (cluster.py).
 - Budget (`budget.py`): the GPU caps in the config and the Kueue quota, in replicas of this shape.
 """
 
@@ -256,9 +257,12 @@ class NodeReader:
         self.prices = prices or {}
         self._warned = False
 
-    async def room(self, template, shape: Shape, ours=lambda pod: False, namespace: str = "default") -> NodeRoom:
+    async def room(self, template, shape: Shape, ours=lambda pod: False,
+                   namespace: str = "default") -> NodeRoom | None:
+        """The room for `template` on the nodes; None when it is not known (the nodes' read failed, or the
+        template requests nothing: room is not counted in replicas of nothing)."""
         if not shape.requests:
-            return NodeRoom()
+            return None
         try:
             nodes = await self.reads.nodes()
             pods = await self.reads.live_pods(None)
@@ -266,6 +270,6 @@ class NodeReader:
             if not self._warned:
                 log.warning("idle node slots unknown, taken as 0", error=str(exc))
                 self._warned = True
-            return NodeRoom()
+            return None
         self._warned = False
         return node_room(nodes, pods, template, shape, ours=ours, prices=self.prices, namespace=namespace)

@@ -15,7 +15,13 @@
 - the waits of pods that were placed on a node newer than them (`nodewaits.py`): node provisioning per
   node type, which the policy learns for its lead time;
 - with a capacity model (`capacity.py`, `budget.py`): idle replica-shaped slots on existing nodes, and the
-  replicas the GPU budget allows, with its reason.
+  replicas the GPU budget allows, with its reason. A warm pool whose slots are free room on the nodes (a
+  CapacityBuffer: `WarmPool.room_kept`) is in that free room too (`warm_and_idle`): its ready slots are at
+  most the free room for the template on Ready nodes (its status lags: Karpenter counts nodes still
+  starting as room, and sees a replica that took the room at its next look at the buffer, up to ~30 s
+  later), and taken out of the idle slots, so that the policy does not count the buffer's room twice.
+  Where node room is not known (`capacity.read_nodes` off outside the fleet's watch cache, or the nodes'
+  read failed), the buffer's status is taken as it is.
 
 A pod is read once (`pods.pod_facts`). After the target and its pods, the readers that need only those (the
 warm pool's ready slots, the provisioners' Events, the nodes' room, the budget) run concurrently, inside the
@@ -73,6 +79,22 @@ async def _first_error_raised(*coros):
     return results
 
 
+def warm_and_idle(warm_slots: int, room: NodeRoom | None, *, room_kept: bool) -> tuple[int, int]:
+    """The ready warm slots and idle node slots the policy is given (`room` None: not known). A warm pool
+    whose slots are free room (`room_kept`) is part of the nodes' free room: counted as idle slots too, the
+    warm stage would take the buffer's own room for idle room and ask for fewer slots (asked 0 -> the hold
+    expires -> the provisioner removes the room -> asked again: a loop); and a slot without free room is no
+    slot, whatever the buffer's status still says (a replica took it; a node is still starting). E.g. a
+    buffer of 2 ready 1-GPU slots: an empty 2-GPU node beside 1 other free GPU gives 2 warm, 1 idle; full
+    nodes give 0 and 0."""
+    if room is None:
+        return warm_slots, 0
+    if not room_kept:
+        return warm_slots, room.idle_slots
+    warm = min(warm_slots, room.idle_slots)
+    return warm, room.idle_slots - warm
+
+
 def startup_s(pod: PodFacts) -> float | None:
     """A Ready pod's start-up: from its placement on a node to Ready (image pull, weight load, warm-up). A pod
     that first waited for a node must not count that wait twice (the policy adds node provisioning itself
@@ -94,14 +116,18 @@ def serving_replicas(ready_replicas: int, pods: list[PodFacts]) -> int:
 class ClusterReader:
     def __init__(self, kube: Kube, *, namespace: str, kind: str, name: str, warm_pool: WarmPool | None = None,
                  nodes: NodeReader | None = None, budget: BudgetReader | None = None,
-                 gpu_resource: str | None = None, reads: ClusterReads | None = None) -> None:
+                 gpu_resource: str | None = None, reads: ClusterReads | None = None,
+                 idle_counted: bool = True) -> None:
         """`warm_pool`: the warm pool backend, or None; `nodes`, `budget`: the capacity model's readers (None:
-        no idle slots counted, no budget); `reads`: where the items come from (default: the API, per read)."""
+        no idle slots counted, no budget); `reads`: where the items come from (default: the API, per read);
+        `idle_counted` False: `nodes` only bounds a CapacityBuffer's ready slots (the fleet's watch cache
+        holds the nodes whether or not `capacity.read_nodes` asks for idle slots), no idle slot is counted."""
         self.kube = kube
         self.reads = reads or ApiReads(kube)
         self.namespace, self.kind, self.name = namespace, kind, name
         self.warm_pool = warm_pool
         self.nodes, self.budget, self.gpu_resource = nodes, budget, gpu_resource
+        self.idle_counted = idle_counted
         self._reported: set[str] = set()
         self.node_waits = NodeWaits(kube, reads=self.reads)
         self._capped: set[str] = set()  # uids of pods a provisioner said it could not place
@@ -199,6 +225,10 @@ class ClusterReader:
         node_waits = await self.node_waits.learn(pods, skip=self._capped)
         oldest = max((now - t for t in waiting.values() if t is not None), default=0.0)
         room, budget = found.room, found.budget
+        warm, idle = warm_and_idle(found.warm_slots_ready, room,
+                                   room_kept=self.warm_pool is not None and self.warm_pool.room_kept)
+        if not self.idle_counted:
+            room, idle = None, 0
         return ClusterState(
             spec_replicas=spec_replicas,
             ready_replicas=ready,
@@ -207,8 +237,8 @@ class ClusterReader:
             no_capacity_pods=len(found.stuck),
             no_capacity_reason=found.stuck_reason,
             oldest_unschedulable_s=oldest,
-            warm_slots_ready=found.warm_slots_ready,
-            idle_slots=room.idle_slots if room else 0,
+            warm_slots_ready=warm,
+            idle_slots=idle,
             gpus_held=room.gpus_held if room else 0.0,
             gpu_cost_per_hour=room.cost_per_hour if room else None,
             budget_replicas=budget.replicas if budget else None,

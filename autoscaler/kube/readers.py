@@ -28,13 +28,18 @@ def build_warm_pool(settings: Settings, kube: Kube, *, reads: ClusterReads | Non
 
 
 def build_cluster_reader(settings: Settings, kube: Kube, warm_pool: WarmPool | None, *,
-                         reads: ClusterReads | None = None) -> ClusterReader:
+                         reads: ClusterReads | None = None, nodes_in_memory: bool = False) -> ClusterReader:
     """The cluster state reader with the capacity model the config asks for (idle node slots, GPU budgets);
-    `reads`: where the items come from (default: the API, per tick; the fleet's watch cache)."""
+    `reads`: where the items come from (default: the API, per tick; the fleet's watch cache).
+    `nodes_in_memory`: `reads` holds the nodes and pods (the watch cache), so a CapacityBuffer's ready slots
+    are bounded by the nodes' free room even when `capacity.read_nodes` counts no idle slots (cluster.py)."""
     target, capacity = settings.target, settings.capacity
     budget = BudgetReader(kube, namespace=target.namespace, max_gpus=capacity.max_gpus,
                           namespace_max_gpus=capacity.namespace_max_gpus, kueue=capacity.kueue,
                           kueue_version=capacity.kueue_api_version, reads=reads)
-    nodes = NodeReader(kube, prices=capacity.gpu_hour_price, reads=reads) if capacity.read_nodes else None
+    bound_buffer = nodes_in_memory and warm_pool is not None and warm_pool.room_kept
+    nodes = (NodeReader(kube, prices=capacity.gpu_hour_price, reads=reads) if capacity.read_nodes or bound_buffer
+             else None)
     return ClusterReader(kube, namespace=target.namespace, kind=target.kind, name=target.name, warm_pool=warm_pool,
-                         nodes=nodes, budget=budget, gpu_resource=capacity.gpu_resource, reads=reads)
+                         nodes=nodes, budget=budget, gpu_resource=capacity.gpu_resource, reads=reads,
+                         idle_counted=capacity.read_nodes)

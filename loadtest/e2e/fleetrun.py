@@ -100,12 +100,15 @@ def _holds(kind: str, pod: dict, at: float) -> bool:
 def _free_gpus(lifetimes: dict, at: float) -> int:
     """GPUs of the nodes up and schedulable at `at` (not yet disrupted: Karpenter taints a node it removes) that
     no pod (a model's replica or a placeholder) holds, less those the model replicas created before `at` and not
-    yet placed will take (the scheduler gives a pending pod free room before it preempts a placeholder)."""
+    yet placed will take (the scheduler gives a pending pod free room before it preempts a placeholder). The
+    replicas created in the second `at` itself are the ones the room is for: one placed in that same second
+    (times are whole seconds) does not hold it yet (run 25)."""
     nodes = {life["name"]: life["gpus"] for (kind, _), life in lifetimes.items()
              if kind == "node" and _alive(life, "created", at)
              and (life.get("disrupted") is None or life["disrupted"] > at)}
     held = sum(life["gpus"] for (kind, _), life in lifetimes.items()
-               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(kind, life, at))
+               if kind in ("model", "placeholder") and life.get("node") in nodes and _holds(kind, life, at)
+               and not (kind == "model" and life["created"] >= at))
     waiting = sum(life["gpus"] for (kind, _), life in lifetimes.items()
                   if kind == "model" and life["created"] < at and (life["gone"] is None or life["gone"] > at)
                   and (life.get("placed") is None or life["placed"] > at))

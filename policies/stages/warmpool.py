@@ -57,16 +57,23 @@ def warm_slots(
     risk_why: str = "", idle_slots: int = 0,
 ) -> tuple[int, list[str]]:
     """The slots this tick asks for: the growth beyond `replicas`, less idle node slots, within the room."""
+    growth = growth_slots(spec, replicas=replicas, peak_replicas=peak_replicas, risk_replicas=risk_replicas,
+                          risk_why=risk_why)
+    return asked_slots(spec, replicas=replicas, growth=growth, idle_slots=idle_slots)
+
+
+def asked_slots(spec: PolicySpec, *, replicas: int, growth: tuple[int, str],
+                idle_slots: int = 0) -> tuple[int, list[str]]:
+    """`warm_slots` from the growth `growth_slots` gave (the stage needs that growth too)."""
     if spec.max_warm_slots == 0:
         return 0, []
     room = room_slots(spec, replicas)
-    growth, why = growth_slots(spec, replicas=replicas, peak_replicas=peak_replicas, risk_replicas=risk_replicas,
-                               risk_why=risk_why)
-    slots = max(0, min(room, growth - idle_slots))
+    beyond, why = growth
+    slots = max(0, min(room, beyond - idle_slots))
     if slots == 0:
         return 0, []
     idle = f", less {idle_slots} idle node slots" if idle_slots else ""
-    capped = " (capped)" if growth - idle_slots > room else ""
+    capped = " (capped)" if beyond - idle_slots > room else ""
     return slots, [f"warm pool: {slots} slots{capped} beyond {replicas} replicas for {why}{idle}"]
 
 
@@ -122,10 +129,11 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     level = fc.level_now(fs, tick.clean.arrival_rate_per_s)
     risk_n = replicas_for_rate(spec, level * (1.0 + risk) * sizing, service_s) if level > 0 else None
     replicas, idle = tick.replicas, tick.clean.cluster.idle_slots
-    asked, why = warm_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n,
-                            risk_why=f"+{risk:.0%}: {risk_why}", idle_slots=idle)
+    risk_growth = growth_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n,
+                               risk_why=f"+{risk:.0%}: {risk_why}")
+    asked, why = asked_slots(spec, replicas=replicas, growth=risk_growth, idle_slots=idle)
     room = room_slots(spec, replicas)
-    beyond = growth_slots(spec, replicas=replicas, peak_replicas=peak_n, risk_replicas=risk_n)[0]
+    beyond = risk_growth[0]
     growth = max(0, min(room, beyond))
     prior, held = state.warm_needs, state.warm_held
     if state.last_replicas is None and not prior:
