@@ -102,6 +102,29 @@ def test_a_failed_read_serves_the_last_one_for_a_few_seconds_then_no_slot():
     assert logs[0]["age_s"] == 2.0 and "HTTP 503" in logs[0]["error"]
 
 
+def test_a_read_that_never_answers_fails_after_its_timeout_and_the_next_tick_reads_again():
+    """A list that hangs (an apiserver stall; the client sets no timeout of its own) must not hold every model
+    of every later tick on the one read in flight: it fails after `read_timeout_s` like an API error (the last
+    good read is served), and the next read after the TTL is a new list."""
+    kube = FakeKube()
+    pool = PooledCapacityBuffer(kube, namespace="ctl", priority_class="p", pause_image=PAUSE, max_slots=4,
+                                ready_ttl_s=1.0, stale_max_s=5.0, read_timeout_s=0.05)
+
+    async def go():
+        seen = [await pool.ready()]
+        kube.release = asyncio.Event()  # never set: every list from now on hangs
+        await kube.clock.advance(2.0)
+        seen.append(await asyncio.wait_for(pool.ready(), 1.0))
+        await kube.clock.advance(2.0)
+        seen.append(await asyncio.wait_for(pool.ready(), 1.0))
+        await kube.clock.advance(2.0)
+        seen.append(await asyncio.wait_for(pool.ready(), 1.0))
+        return seen
+
+    assert asyncio.run(go()) == [{1: 2}, {1: 2}, {1: 2}, {}]
+    assert kube.lists == 4
+
+
 def lists_of_buffers(counter: RequestCounter) -> int:
     return sum(n for (method, path), n in counter.requests.items()
                if method == "GET" and path.endswith(f"/{BUFFER_PLURAL}"))

@@ -25,7 +25,8 @@ name).
 
 `ready()`: the ready placeholders per shape, read at most once per `ready_ttl_s` for the whole fleet: the
 models decide concurrently, so a read in flight is one task every caller awaits (single-flight), not a list
-per model. A read that fails (5xx, 403, a timeout) serves the last good read while it is at most
+per model. A read that fails (5xx, 403, no answer within `read_timeout_s`: the client sets no timeout, and a
+hung list would hold every later tick's models on it) serves the last good read while it is at most
 `stale_max_s` old, then no slot (logged): never a failed capacity read for every model of the tick.
 `share(namespace=, kind=, name=)`: the pool as the `WarmPool` of one model, for its
 own cluster reader. Its ready slots are those of the model's shape, which any model of that shape may take.
@@ -62,7 +63,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import structlog
 from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 
-from autoscaler.errors import EdgeError, PermanentError
+from autoscaler.errors import EdgeError, PermanentError, TransientError
 from autoscaler.kube.capacity import replica_shape
 from autoscaler.kube.client import Kube
 from autoscaler.kube.quantity import effective_resources, format_quantity
@@ -75,6 +76,9 @@ log = structlog.get_logger("autoscaler")
 # How long a failed read of the pool serves the last good one: a few ticks of a blip, not a lasting outage
 # (then no slot, the safe side: the lead time includes node provisioning again).
 STALE_MAX_S = 5.0
+# A shared read that has not answered in this long fails like an API error: the client sets no timeout of its
+# own, and every model of every later tick awaits the one read in flight.
+READ_TIMEOUT_S = 3.0
 
 SHAPE_LABEL = "inference-autoscaler/fleet-warm-shape"  # value: GPUs per replica of the pool
 # Our pool objects: the shape label AND our managed-by label (another's object with our shape label is not ours).
@@ -184,10 +188,11 @@ class PooledWarmPool:
     room_kept = False  # as `warmpool.WarmPool.room_kept`: placeholder pods hold their room
 
     def __init__(self, kube: Kube, *, namespace: str, priority_class: str, pause_image: str, max_slots: int,
-                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0, stale_max_s: float = STALE_MAX_S) -> None:
+                 prefix: str = "fleet-warm", ready_ttl_s: float = 1.0, stale_max_s: float = STALE_MAX_S,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.kube, self.namespace, self.prefix = kube, namespace, prefix
         self.priority_class, self.pause_image, self.max_slots = priority_class, pause_image, max_slots
-        self.ready_ttl_s, self.stale_max_s = ready_ttl_s, stale_max_s
+        self.ready_ttl_s, self.stale_max_s, self.read_timeout_s = ready_ttl_s, stale_max_s, read_timeout_s
         self._ready: tuple[float, dict[int, int]] | None = None  # (read at, slots): served for `ready_ttl_s`
         self._good: tuple[float, dict[int, int]] | None = None  # the last read that did not fail
         self._reading: asyncio.Task | None = None  # the read in flight, which concurrent callers share
@@ -273,7 +278,11 @@ class PooledWarmPool:
     async def _read_shared(self, now: float) -> dict[int, int]:
         try:
             try:
-                out = await self._read_ready()
+                try:
+                    out = await asyncio.wait_for(self._read_ready(), self.read_timeout_s)
+                except TimeoutError:
+                    raise TransientError(f"pooled warm slots: no answer in {self.read_timeout_s:g} s",
+                                         kind="timeout") from None
                 self._good = (now, out)
                 if self._failing is not None:
                     log.info("pooled warm slots read again", slots=out)
