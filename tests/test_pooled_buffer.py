@@ -60,7 +60,8 @@ def test_a_pooled_buffer_per_shape_is_written_updated_and_scaled_to_zero(cluster
     assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": small}})[0] == 201
     model(cluster, ns_a, replicas=0, pool=namespace, cpu="4", memory="32Gi")
     model(cluster, ns_b, replicas=0, pool=namespace, cpu="8", memory="16Gi")
-    model(cluster, small, replicas=0, pool=namespace, gpus="1")
+    # 1 GB: written as "1000000000", kept by the apiserver as "1G", the same quantity (no rewrite every tick)
+    model(cluster, small, replicas=0, pool=namespace, gpus="1", memory="1G")
     templates_path = f"/api/v1/namespaces/{namespace}/podtemplates"
 
     async def go(kube):

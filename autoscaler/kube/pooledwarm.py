@@ -66,7 +66,7 @@ from kubernetes_asyncio.client import V1Container, V1ResourceRequirements
 from autoscaler.errors import EdgeError, PermanentError, TransientError
 from autoscaler.kube.capacity import replica_shape
 from autoscaler.kube.client import Kube
-from autoscaler.kube.quantity import effective_resources, format_quantity
+from autoscaler.kube.quantity import effective_resources, format_quantity, parse_quantity
 from autoscaler.kube.warmpool import (BUFFER_GROUP, BUFFER_PLURAL, BUFFER_VERSION, MANAGED_BY, MANAGED_KEY,
                                       CapacityBufferPool, PlaceholderPool, buffer_ready, no_buffer_api, owned,
                                       placeholder_spec, write_ours)
@@ -177,8 +177,25 @@ def owned_pod(template: Mapping[str, Any]) -> dict:
     containers' imagePullPolicy...) are left out, so they never count as a change."""
     spec = template.get("spec") or {}
     return {"labels": (template.get("metadata") or {}).get("labels"),
-            "containers": [{k: c.get(k) for k in OWNED_CONTAINER_FIELDS} for c in spec.get("containers") or []],
+            "containers": [{k: _quantities(c.get(k)) if k == "resources" else c.get(k) for k in OWNED_CONTAINER_FIELDS}
+                           for c in spec.get("containers") or []],
             **{k: spec.get(k) for k in OWNED_POD_FIELDS}}
+
+
+def _quantities(resources: Any) -> Any:
+    """A container's resources with every quantity as its value: the apiserver keeps the form it was given
+    in its canonical spelling (we write 1 GB as "1000000000", it answers "1G"), which is no change."""
+    if not isinstance(resources, Mapping):
+        return resources
+    return {part: {k: _value(v) for k, v in amounts.items()} if isinstance(amounts, Mapping) else amounts
+            for part, amounts in resources.items()}
+
+
+def _value(quantity: Any) -> Any:
+    try:
+        return parse_quantity(quantity)
+    except ValueError:
+        return quantity  # not a quantity (someone's edit): compared as written, so it is put back
 
 
 class PooledWarmPool:
