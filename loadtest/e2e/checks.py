@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Mapping
 
+from loadtest.e2e.figures import within_slo
 from loadtest.measure import TOP_TARGET, targets
 
 if TYPE_CHECKING:
@@ -309,9 +310,7 @@ GUARD_REASON = "traffic back after a silence, its capacity on the way"
 
 def _met(rows: list[dict], slo_s: float) -> float:
     """The share of `rows` answered within the SLO (queue wait plus any hold at the gateway)."""
-    met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
-              and r["queue_s"] + r.get("hold_s", 0.0) <= slo_s)
-    return met / len(rows) if rows else 0.0
+    return sum(1 for r in rows if within_slo(r, slo_s)) / len(rows) if rows else 0.0
 
 
 def _scenario_s(decision: dict, *, started_at: float, factor: float) -> float:

@@ -75,6 +75,12 @@ def wake(records: list[dict], timeline: list[dict], *, after_s: float) -> dict:
     }
 
 
+def within_slo(record: dict, slo_s: float) -> bool:
+    """A request met its SLO: answered 200 with its queue wait, plus any hold at the gateway, within `slo_s`."""
+    return (record["status"] == 200 and record["queue_s"] is not None
+            and record["queue_s"] + record.get("hold_s", 0.0) <= slo_s)
+
+
 def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) -> dict:
     by_class: dict[str, list[dict]] = {c: [] for c in classes}
     for r in records:
@@ -85,8 +91,7 @@ def client_figures(records: list[dict], classes: tuple[str, ...], slo_s: float) 
     for cls, rows in by_class.items():
         if not rows:
             continue
-        met = sum(1 for r in rows if r["status"] == 200 and r["queue_s"] is not None
-                  and r["queue_s"] + r.get("hold_s", 0.0) <= slo_s)
+        met = sum(1 for r in rows if within_slo(r, slo_s))
         attainment[cls] = met / len(rows)
         latencies = [r["latency_s"] for r in rows if r["status"] == 200]
         p99[cls] = float(np.percentile(latencies, 99)) if latencies else None
