@@ -156,15 +156,21 @@ def _bad_shape(name: str, shape: str) -> None:
                 error=f"label {SHAPE_LABEL}={shape!r} is not a number of GPUs; object skipped")
 
 
-def ready_by_shape(deployments) -> dict[int, int]:
-    """Ready placeholders per shape (GPUs per replica) of the pool Deployments among `deployments`."""
+def slots_by_shape(pools) -> dict[int, int]:
+    """Ready slots per shape (GPUs per replica) of `pools`, each (name, labels, ready slots); objects that are
+    not our pools (`shape_of`) are left out."""
     out: dict[int, int] = {}
-    for deployment in deployments:
-        gpus = shape_of(deployment.metadata.labels, name=deployment.metadata.name)
+    for name, labels, ready in pools:
+        gpus = shape_of(labels, name=name)
         if gpus is not None:
-            ready = (deployment.status.ready_replicas or 0) if deployment.status else 0
             out[gpus] = out.get(gpus, 0) + ready
     return out
+
+
+def ready_by_shape(deployments) -> dict[int, int]:
+    """Ready placeholders per shape (GPUs per replica) of the pool Deployments among `deployments`."""
+    return slots_by_shape((d.metadata.name, d.metadata.labels, (d.status.ready_replicas or 0) if d.status else 0)
+                          for d in deployments)
 
 
 OWNED_POD_FIELDS = ("priorityClassName", "terminationGracePeriodSeconds", "nodeSelector", "tolerations", "affinity")
@@ -295,11 +301,7 @@ class PooledWarmPool:
     async def _read_shared(self, now: float) -> dict[int, int]:
         try:
             try:
-                try:
-                    out = await asyncio.wait_for(self._read_ready(), self.read_timeout_s)
-                except TimeoutError:
-                    raise TransientError(f"pooled warm slots: no answer in {self.read_timeout_s:g} s",
-                                         kind="timeout") from None
+                out = await self._read_in_time()
                 self._good = (now, out)
                 if self._failing is not None:
                     log.info("pooled warm slots read again", slots=out)
@@ -310,6 +312,13 @@ class PooledWarmPool:
             return out
         finally:
             self._reading = None
+
+    async def _read_in_time(self) -> dict[int, int]:
+        """`_read_ready`, failing like an API error when it has not answered in `read_timeout_s`."""
+        try:
+            return await asyncio.wait_for(self._read_ready(), self.read_timeout_s)
+        except TimeoutError:
+            raise TransientError(f"pooled warm slots: no answer in {self.read_timeout_s:g} s", kind="timeout") from None
 
     def _stale(self, now: float, exc: EdgeError) -> dict[int, int]:
         """What a failed read serves: the last good read while it is at most `stale_max_s` old, else none
@@ -402,11 +411,7 @@ class PooledCapacityBuffer(PooledWarmPool):
             if exc.kind != "no_capacity_buffer_api":
                 raise
             return {}
-        out: dict[int, int] = {}
-        for buffer in buffers:
-            gpus = shape_of(buffer["metadata"].get("labels"), name=buffer["metadata"]["name"]) or 0
-            out[gpus] = out.get(gpus, 0) + buffer_ready(buffer)
-        return out
+        return slots_by_shape((b["metadata"]["name"], b["metadata"].get("labels"), buffer_ready(b)) for b in buffers)
 
     def cached_ready(self, reads: Any) -> Callable[[], Awaitable[dict[int, int]]]:
         """The watch cache holds no buffers: their status from the API, shared by every model of a tick."""
