@@ -123,3 +123,22 @@ def test_both_variants_run_in_make_e2e_with_the_same_load_and_only_the_pooled_sl
     assert cold.twin_checked and not warm.twin_checked
     lo, hi = cold.windows["silence"]
     assert cold.profile.multiple(__import__("numpy").array([lo * 60 + 1, hi * 60 - 1])).tolist() == [0.0, 0.0]
+
+
+def test_a_run_whose_model_does_not_scale_to_zero_holds_no_request():
+    """A request 5.2 s slower than its queue and service time, at factor 10: a held request where the model
+    scales to zero, a half-second stall of the harness where it does not (doubling run 34: the load
+    generator and nginx fell 0.5 s behind under the machine's load, and three critical requests failed the
+    SLO on it). Only the scale-to-zero scenarios hold."""
+    def stalled():
+        return [_record(0, 60.0, latency_s=10.1 + 5.2)]
+
+    held, passed = stalled(), stalled()
+    annotate_holds(held, REQUESTS, server=E2EConfig().server, factor=FACTOR)
+    annotate_holds(passed, REQUESTS, server=E2EConfig().server, factor=FACTOR, holding=False)
+    assert held[0]["hold_s"] == pytest.approx(5.2) and passed[0]["hold_s"] == 0.0
+    assert client_figures(held, ("critical",), 2.0)["slo_attainment"]["critical"] == 0.0
+    assert client_figures(passed, ("critical",), 2.0)["slo_attainment"]["critical"] == 1.0
+    assert holds(passed)["held_requests"] == 0
+    holding = {name for name, s in SCENARIOS.items() if replace(E2EConfig(), **s.config).holding}
+    assert holding == {"scale-to-zero", "scale-to-zero-warm", "scale-to-zero-keda"}

@@ -80,6 +80,11 @@ class E2EConfig:
         )
         return PolicySpec(**{**base, **self.policy})
 
+    @property
+    def holding(self) -> bool:
+        """Whether the gateway can hold this run's requests: only for a model that scales to zero."""
+        return self.spec().idle_after_s is not None
+
     def live_spec(self) -> dict:
         """The same policy compressed, as the controller's config section."""
         return compress(self.spec(), self.factor)
@@ -100,7 +105,7 @@ class E2EConfig:
                                node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,
                                node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit)
         hold_s = None
-        if self.spec().idle_after_s is not None:
+        if self.holding:
             hold_s = self.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
         held = hold_s is not None
         return SimConfig(tick_s=self.tick_s, slo_s=self.slo_s, cluster=cluster, server=self.server, max_hold_s=hold_s,

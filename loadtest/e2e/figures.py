@@ -10,7 +10,10 @@ figures from the simulator on the same trace and parameters.
   deliberate 503 with Retry-After: a request held for a replica that did not come within `max_hold_s`);
 - scale to zero (`holds`, `wake`): a request is held when it waited at the gateway (its whole exchange less
   the server's queue and service time) longer than `HELD_MIN_WALL_S` of wall clock, which a request that
-  is not held never does (the admission endpoint's ordinary subrequest times out at 250 ms);
+  is not held does not do unless the machine stalls (the admission endpoint's ordinary subrequest times out
+  at 250 ms); in a run whose model does not scale to zero no request is held (`annotate_holds`'s `holding`):
+  there a half-second stall of the load generator or nginx on a loaded machine, 5 s at factor 10, was
+  counted as a hold before and failed the doubling drill's critical class (run 34);
   `held_requests`, `hold_p50_s`, `hold_p99_s` of the held, `dropped_held` (503 with Retry-After);
   `min_replicas_seen`; `cold_start_s`: from the first request after the silence to the first one admitted
   to a replica; `first_answer_s`: to the end of the first answer; `replicas_after_wake`: the most replicas
@@ -37,10 +40,18 @@ def deliberate_503(record: dict) -> bool:
     return record["status"] == 503 and record.get("retry_after") is not None
 
 
-def annotate_holds(records: list[dict], requests: dict, *, server: ServerModel, factor: float) -> None:
+def annotate_holds(records: list[dict], requests: dict, *, server: ServerModel, factor: float,
+                   holding: bool = True) -> None:
     """Give each record its `hold_s` at the gateway (0.0 unless held; see the module docstring). `requests`: by
-    index, with their token counts (the server's service time, at factor 1)."""
+    index, with their token counts (the server's service time, at factor 1). `holding`: whether the gateway
+    can hold this run's requests at all (the model scales to zero); when it cannot, no request was held, and
+    time spent outside the server is the harness's transport on the wall clock (a load generator or nginx
+    stalled for half a second under the machine's load reads as 5 s at factor 10), not queue wait: every
+    `hold_s` is 0.0."""
     for r in records:
+        if not holding:
+            r["hold_s"] = 0.0
+            continue
         if r["status"] == 200 and r["queue_s"] is not None and r["latency_s"] is not None:
             req = requests[r["i"]]
             waited = r["latency_s"] - r["queue_s"] - server.service_s(req.input_tokens, req.output_tokens)

@@ -99,7 +99,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     fleet_events = ([json.loads(x) for x in fleet_file.read_text().splitlines() if x.strip()]
                     if fleet_file.exists() else [])
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
-    annotate_holds(records, {r.i: r for r in requests}, server=config.server, factor=factor)
+    annotate_holds(records, {r.i: r for r in requests}, server=config.server, factor=factor,
+                   holding=config.holding)
     live = client_figures(records, workload.classes, config.slo_s)
     cost = gpu_hours(lifetimes, start=start_at, end=end, factor=factor)
     live["gpu_hours"] = cost["nodes"]
