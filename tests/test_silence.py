@@ -25,14 +25,16 @@ def _observed(spec, rates, *, fs=None, start=0.0, protected=PROTECTED):
     return fs, t
 
 
-def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1, decided=None, startup_s=120.0, node_s=300.0,
-          slot_free=False):
-    """A tick at the shedding stage: `ready` replicas Ready of `decided` (default: 4 more on the way)."""
+def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1, decided=None, unplaceable=0, startup_s=120.0,
+          node_s=300.0, slot_free=False):
+    """A tick at the shedding stage: `ready` replicas Ready of `decided` (default: 4 more on the way), of which
+    `unplaceable` can get no node."""
     decided = ready + 4 if decided is None else decided
     sig = signals(now, rate=rate, queue=queue, service=1.0, spec_replicas=decided, ready=ready)
     clean, _ = sanitize(spec, sig, None, now)
     return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=1.0, replicas=decided,
-                startup_s=startup_s, node_s=node_s, lead_s=startup_s + (0.0 if slot_free else node_s))
+                unplaceable=unplaceable, startup_s=startup_s, node_s=node_s,
+                lead_s=startup_s + (0.0 if slot_free else node_s))
 
 
 def test_through_a_silence_past_the_hold_the_protected_classes_keep_their_capacity_for_a_day_at_most():
@@ -85,9 +87,9 @@ def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready
     cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
     times = {"startup_s": 140.0, "node_s": 410.0}
 
-    def at(after_s, *, ready, slot_free=False, decided=7):
+    def at(after_s, *, ready, slot_free=False, decided=7, unplaceable=0):
         tick = _tick(spec, cold, back_s + after_s, rate=90.0, queue=50.0, ready=ready, decided=decided,
-                     slot_free=slot_free, **times)
+                     unplaceable=unplaceable, slot_free=slot_free, **times)
         return set(shedding.stage(spec, tick).saturation_depths.values()) == {1}
 
     assert at(0.0, ready=4)  # the return: 3 replicas on the way, lead time 550 s
@@ -96,3 +98,4 @@ def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready
     assert not at(522.0, ready=7, slot_free=True)  # all 7 Ready: the usual guard
     assert not at(555.0, ready=4)  # never Ready: at most a start-up plus a node's provisioning (550 s)
     assert not at(30.0, ready=7, decided=7)  # nothing on the way: the usual guard from the start
+    assert not at(480.0, ready=6, unplaceable=1)  # the last one can get no node: not on the way
