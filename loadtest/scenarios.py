@@ -30,7 +30,8 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
 - `silence`: 25 min steady, silent until minute 115, then the base rate again until minute 145, under the
   policy's defaults: the outage hold (1 h) holds the forecast, then the capacity for the rate the classes
   that are never shed sent is kept (`forecast.kept_through_silence`) and the rest released; the return is
-  the interrupted level coming back, and the guarded classes are rejected at a queue of 1 for one lead time.
+  the interrupted level coming back, and the guarded classes are rejected at a queue of 1 until the replicas
+  ordered for it are Ready (at most a start-up plus a node's provisioning).
   Its requests are the trace `scenario:silence-live`; `scenario:silence` is a 6-hour profile for the
   benchmark only (3 h of silence: longer than a live run should take).
 - `fleet`: three models behind one gateway under one fleet controller, each in its namespace with its own
@@ -178,7 +179,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              config=MappingProxyType({**ZERO_CONFIG, "mode": "keda"})),
     # traffic stops for longer than the outage hold and comes back at its usual level: the capacity of the
     # classes that are never shed is kept through the silence, the return is the level coming back (not a
-    # burst to confirm), and the lower classes are guarded hard for one lead time while the rest comes. Its
+    # burst to confirm), and the lower classes are guarded hard until the rest is Ready. Its
     # requests are the trace `scenario:silence-live` (`scenario:silence` is the benchmark's 6-h profile).
     Scenario("silence", SILENCE_PROFILE, checks.silence, windows=SILENCE_WINDOWS, trace="silence-live",
              config=MappingProxyType({"service_by_completion": True})),

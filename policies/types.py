@@ -181,6 +181,9 @@ class PolicyState:
     startup_samples_s: tuple[float, ...] = ()
     node_wait_samples_s: tuple[tuple[str, float], ...] = ()  # (node type, seconds), the most recent
     service_time_s: float | None = None
+    # The service time learned by each of the last ticks, oldest first, a rate window and a tick of them: what
+    # a silence sets it back to, learned before the drain (stages/learn.py).
+    recent_service_s: tuple[float, ...] = ()
     forecast: ForecastState = field(default_factory=ForecastState)
     shed: Mapping[str, float] = field(default_factory=dict)
     headroom_ratio: float = 1.0  # learned by SLO feedback, multiplies the rate capacity is sized for

@@ -160,3 +160,18 @@ def test_on_multi_gpu_nodes_the_verdict_and_the_frontier_compare_what_nodes_cost
     points = [_row("x", 100.0, 140.0), _row("x", 90.0, 150.0, attainment=0.99)]
     assert at_target(points, classes, sheddable) == pytest.approx(99.474)  # between the miss at 90 and 100
     assert at_target(points, classes, sheddable, "node_gpu_hours") == 140.0  # the miss costs more nodes
+
+
+def test_the_bench_reads_service_time_by_completion_only_when_asked_and_only_on_request_traces(tmp_path, capsys):
+    """`--service-by-completion` hands the reading by completion (vLLM's, the closed loop's twins') to the
+    simulator; a rate trace has no requests to complete, so the flag is refused there."""
+    from autoscaler.sim.run import traffic_sim
+    from loadtest import bench
+
+    by_start = bench.prepare(bench.parse_args(["--trace", str(BUNDLED_TRACE)]))
+    by_completion = bench.prepare(bench.parse_args(["--trace", str(BUNDLED_TRACE), "--service-by-completion"]))
+    assert not traffic_sim(by_start.workload, by_start.config).service_by_completion
+    assert traffic_sim(by_completion.workload, by_completion.config).service_by_completion
+    (tmp_path / "chunk-0-trace.csv").write_text("0,1.0,2.0,Gamma,1,1\n600,0,0,,0,0\n")
+    assert main(["--trace", str(tmp_path), "--service-by-completion"]) == 2
+    assert "--service-by-completion: modelled for request traces only" in capsys.readouterr().err

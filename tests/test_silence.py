@@ -25,11 +25,16 @@ def _observed(spec, rates, *, fs=None, start=0.0, protected=PROTECTED):
     return fs, t
 
 
-def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1):
-    sig = signals(now, rate=rate, queue=queue, service=1.0, spec_replicas=ready)
+def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1, decided=None, unplaceable=0, startup_s=120.0,
+          node_s=300.0, slot_free=False):
+    """A tick at the shedding stage: `ready` replicas Ready of `decided` (default: 4 more on the way), of which
+    `unplaceable` can get no node."""
+    decided = ready + 4 if decided is None else decided
+    sig = signals(now, rate=rate, queue=queue, service=1.0, spec_replicas=decided, ready=ready)
     clean, _ = sanitize(spec, sig, None, now)
-    return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=1.0,
-                startup_s=120.0, lead_s=420.0)
+    return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=1.0, replicas=decided,
+                unplaceable=unplaceable, startup_s=startup_s, node_s=node_s,
+                lead_s=startup_s + (0.0 if slot_free else node_s))
 
 
 def test_through_a_silence_past_the_hold_the_protected_classes_keep_their_capacity_for_a_day_at_most():
@@ -45,7 +50,7 @@ def test_through_a_silence_past_the_hold_the_protected_classes_keep_their_capaci
     assert unknown.predicted[1] < 10.0  # no class mix measured: nothing to keep
 
 
-def test_a_cold_return_guards_the_lower_classes_hard_for_one_lead_time_a_short_one_does_not():
+def test_a_cold_return_guards_the_lower_classes_hard_a_short_one_does_not():
     spec = PolicySpec(outage_hold_s=300.0)
     fs, now = _observed(spec, [100.0] * 80)
     quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
@@ -55,7 +60,7 @@ def test_a_cold_return_guards_the_lower_classes_hard_for_one_lead_time_a_short_o
     assert guarded.saturation_depths and set(guarded.saturation_depths.values()) == {1}
     assert any("guarded at a queue of 1" in line for line in guarded.reasons)
     later = shedding.stage(spec, _tick(spec, cold, back_s + 420.0, rate=90.0, queue=50.0, ready=10))
-    assert min(later.saturation_depths.values()) > 1  # one lead time on: the usual guard
+    assert min(later.saturation_depths.values()) > 1  # a start-up and a node's provisioning on: the usual guard
     short, back_s = _observed(spec, [0.0] * 10, fs=fs, start=now)  # within the hold: capacity was kept
     short = fc.observe(spec, short, 90.0, back_s, PROTECTED)
     assert fc.returning(short, back_s, 420.0) is not None and not fc.returning_cold(spec, short, back_s, 420.0)
@@ -69,3 +74,28 @@ def test_the_protected_share_is_learned_only_from_per_class_rates():
     spec = PolicySpec()
     assert _protected(spec, {}) is None and _protected(spec, {"critical": 0.0, "standard": 0.0}) is None
     assert _protected(spec, {"critical": 2.0, "standard": 5.0, "sheddable": 3.0}) == pytest.approx(0.7)
+
+
+def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready_not_one_lead_time_of_each_tick():
+    """Live (closed loop `silence`, run 2): 4 Ready at the return, 7 decided, lead time 550 s (140 s start-up
+    + 410 s for a node). 6.2 minutes on the warm pool's placeholders were Ready, the lead time fell to 140 s,
+    and the guard, lasting one lead time of each tick, ended 1.1 and 2.5 minutes before the ordered replicas
+    were Ready: a critical request waited 3.02 s behind standard ones. Before, `later` below was not guarded."""
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _observed(spec, [100.0] * 80)
+    quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
+    cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
+    times = {"startup_s": 140.0, "node_s": 410.0}
+
+    def at(after_s, *, ready, slot_free=False, decided=7, unplaceable=0):
+        tick = _tick(spec, cold, back_s + after_s, rate=90.0, queue=50.0, ready=ready, decided=decided,
+                     unplaceable=unplaceable, slot_free=slot_free, **times)
+        return set(shedding.stage(spec, tick).saturation_depths.values()) == {1}
+
+    assert at(0.0, ready=4)  # the return: 3 replicas on the way, lead time 550 s
+    later = at(372.0, ready=4, slot_free=True)  # placeholders Ready: the tick's lead time is 140 s
+    assert later and at(480.0, ready=6, slot_free=True)  # still 1 of the 7 to come
+    assert not at(522.0, ready=7, slot_free=True)  # all 7 Ready: the usual guard
+    assert not at(555.0, ready=4)  # never Ready: at most a start-up plus a node's provisioning (550 s)
+    assert not at(30.0, ready=7, decided=7)  # nothing on the way: the usual guard from the start
+    assert not at(480.0, ready=6, unplaceable=1)  # the last one can get no node: not on the way

@@ -36,7 +36,8 @@ increase of the gateway's request counter), tokens, p99 queue wait and mean serv
 minute, queue and in-flight gauges. The mean service time is of the requests that arrived in that minute
 and started, or with `service_by_completion` of those that completed in it, as vLLM's inference-time
 histogram reports it (the closed loop's twin): when traffic stops, the last requests to complete are the
-long ones, and the last reading, which the policy keeps while the servers report none, is high.
+long ones, and the last readings are high (the policy does not learn them after a drop it takes for an
+outage: policies/stages/learn.py).
 """
 
 from __future__ import annotations

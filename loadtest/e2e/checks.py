@@ -303,7 +303,8 @@ def scale_to_zero_keda(context: CheckContext) -> list[dict]:
 # The policy's rule (policies/stages/forecast.py, "Silence"): through the outage hold the forecast holds;
 # after it, the capacity for the rate the classes that are never shed sent before the silence is kept, and
 # the reasons say "silence: keeping capacity for the R req/s". Traffic back after it is the interrupted level
-# returning, and for one lead time the guarded classes are rejected at a queue of 1 (stage shedding).
+# returning, and until the replicas ordered for it are Ready (at most a start-up plus a node's provisioning)
+# the guarded classes are rejected at a queue of 1 (stage shedding).
 KEPT_REASON = "silence: keeping capacity for the "
 GUARD_REASON = "traffic back after a silence, its capacity on the way"
 
@@ -372,8 +373,8 @@ def _kept_through_silence(context: CheckContext) -> list[dict]:
 
 def _guarded_after_return(context: CheckContext) -> dict:
     """The guarded classes rejected at a queue of 1 from the return (within a rate window, a scrape and two
-    ticks of it, the time the windowed rate takes to show it) for one lead time (to within two ticks), and not
-    after."""
+    ticks of it, the time the windowed rate takes to show it) while its capacity comes, within the lead times
+    of the decisions (to within two ticks), and not after."""
     config = context.config
     back, _ = context.window_s("return")
     after = [(t, d) for t, d in _timed_decisions(context) if t >= back]
@@ -383,8 +384,10 @@ def _guarded_after_return(context: CheckContext) -> dict:
         return _check("the lower classes guarded hard for one lead time after the return", False,
                       "no decision after the return guards them at a queue of 1")
     first, last = guarded[0][0], guarded[-1][0]
-    # the guard lasts while the time since the return is under the tick's lead time, which may change
-    # while it lasts: the span lies within the leads of the guarded decisions and of the one that ended it
+    # the guard lasts until the replicas ordered at the return are Ready, at most a start-up plus a node's
+    # provisioning: the lead time of a tick with no free slot, as at this scenario's return; a slot freed
+    # meanwhile shortens the ticks' lead times, not the guard. The span lies within the leads of the guarded
+    # decisions and of the one that ended it.
     ending = after[len(marked) - marked[::-1].index(True):][:1]
     leads = [(d.get("lead_time_s") or 0.0) * config.factor for _, d in guarded + ending]
     slack_s = 2 * config.tick_s
@@ -412,7 +415,7 @@ def _return_holds(context: CheckContext) -> dict:
 
 def silence(context: CheckContext) -> list[dict]:
     """The capacity the silence interrupted kept by the policy's rule, the return at the targets with the
-    lower classes guarded hard for one lead time; the run's targets."""
+    lower classes guarded hard while its capacity comes; the run's targets."""
     return (_targets(context) + _kept_through_silence(context)
             + [_return_holds(context), _guarded_after_return(context)])
 

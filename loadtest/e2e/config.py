@@ -56,7 +56,8 @@ class E2EConfig:
     dispatch: Dispatch = "shared"
     # The twin reads the mean service time of the requests that completed in the window, as the live servers
     # report it (vLLM's inference-time histogram), not of those that started: when traffic stops, the last to
-    # complete are the long ones, and the policy keeps that high last reading through the silence. Always on
+    # complete are the long ones (which the policy does not learn after a drop it takes for an outage,
+    # policies/stages/learn.py; before, it kept that high last reading through the silence). Always on
     # with `idle_after_s` (scale to zero); set by a scenario with a silence (`silence`), where it sizes the
     # capacity the outage hold keeps (live: 10 replicas on a reading of 15.5 s, against 6 on 10 s).
     service_by_completion: bool = False
@@ -97,9 +98,10 @@ class E2EConfig:
         (scenario time, GPUs) of `gpu_limits` from its time on. With `idle_after_s` (scale to zero) the gateway's
         hold is modelled, up to `max_hold_s` (unset: the simulator's default, the slowest cold start + 60 s), and
         the service-time signal is read by completion as the live servers report it: after the traffic stops,
-        the policy keeps the last reading, of the longest requests, and sizes the wake with it. The held requests
-        see a replica Ready at the loop's next tick: it ticks every `HELD_TICK_S` of wall clock while requests
-        are held, which is not compressed (`factor` x as long at factor 1)."""
+        the last readings are of the longest requests (not learned after a drop the policy takes for an outage:
+        policies/stages/learn.py). The held requests see a replica Ready at the loop's next tick: it ticks every
+        `HELD_TICK_S` of wall clock while requests are held, which is not compressed (`factor` x as long at
+        factor 1)."""
         limit = ((0.0, self.gpu_limit),) + tuple(gpu_limits)
         cluster = ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
                                node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,

@@ -42,7 +42,8 @@ as the caller asks (the predictive stage: one lead time, until capacity ordered 
 Both mistakes have a price: taking a return that fades for the old level pays one lead time of the old
 fleet's GPUs; taking a return that holds for a burst pays a cold start of missed requests (a model whose
 forecast learned hours of zeros orders nothing until the burst is confirmed, then follows the rate up).
-The memory is dropped `burst_lookback_s` after the return.
+The memory is dropped `burst_lookback_s` after the return. From such a drop to the return the service time
+sized with is the one learned before it, not the drain's (stage learn).
 
 Ramps: the per-tick climb (`climb`, a least-squares line over RAMP_TICKS ticks whose slope must be clear of
 the line's own residuals, and better than a step) reads a clean ramp, but not a rise on a noisy live rate:
@@ -370,6 +371,17 @@ def kept_through_silence(spec: PolicySpec, fs: ForecastState, now: float) -> flo
             or fs.interrupted_at_s is None or now - fs.interrupted_at_s >= spec.season_s):
         return None
     return fs.interrupted_per_s * fs.interrupted_protected_ratio
+
+
+def silence_since(spec: PolicySpec, fs: ForecastState, now: float) -> float | None:
+    """When the silence under way began: a drop taken for an outage (held or past the hold) with no traffic
+    back since, for at most one season (`season_s`) from its start, as `kept_through_silence`; None
+    otherwise. Nothing arrives meanwhile: what the servers still report is the drain of what came before
+    (stage learn)."""
+    if (fs.interrupted_per_s is None or fs.returned_at_s is not None or fs.interrupted_at_s is None
+            or now - fs.interrupted_at_s >= spec.season_s):
+        return None
+    return fs.interrupted_at_s
 
 
 def _implausible_drop(spec: PolicySpec, fs: ForecastState, rate: float) -> bool:

@@ -26,12 +26,23 @@ replicas x 16 slots, 0.7 s per request, 2 s SLO: sheddable guarded at 640 x 0.5 
 requests, standard at ~1463.
 
 Traffic back after a silence that outlasted the outage hold meets a fleet sized for the silence (its
-capacity released, the protected classes' kept: `forecast.kept_through_silence`). For one lead time from
-the return, while the capacity ordered for it comes, every guarded class is rejected at a queue of 1:
-the highest class then waits behind no other, in a server that serves first come first served. On
+capacity released, the protected classes' kept: `forecast.kept_through_silence`). From the return until the
+replicas ordered for it are Ready (fewer Ready than decided, less those no node can be made for: stage
+placement), every guarded class is rejected at a queue of 1: the highest class then waits behind no other,
+in a server that serves first come first served. On
 `scenario:silence` seed 1, 7 replicas through the silence (`min_replicas: 7`) without the hard guard left
-critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth
-in front of it.
+critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth in
+front of it.
+
+The guard lasts at most a start-up plus a node's provisioning from the return (`returning_guard_s`): the
+longest a replica ordered at the return takes to be Ready, so capacity that comes later than the policy
+reckons does not keep it for good. Not the tick's lead time: that is for a replica ordered now,
+and it drops by a node's provisioning as soon as one slot is free, while the replicas ordered at the return
+still wait for their nodes. E.g. live (closed loop `silence`, run 2): 4 Ready at the return, 7 decided by
+minute 2.4 after it, a lead time of 550 s (140 s start-up + 410 s for a node); 6.2 minutes on, the warm
+pool's placeholders were Ready, the lead time fell to 140 s and the guard, which then lasted one lead time
+of each tick, ended 1.1 and 2.5 minutes before the ordered replicas were Ready; a critical request waited
+3.02 s behind standard ones meanwhile. Now it lasts until the 7 are Ready (8.7 minutes), within 550 s.
 """
 
 from __future__ import annotations
@@ -103,13 +114,23 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[
     return levels, reasons
 
 
+def returning_guard_s(tick: Tick) -> float:
+    """How long after a cold return the hard guard may last: a start-up plus a node's provisioning, the
+    longest a replica ordered at the return takes to be Ready (see the module docstring)."""
+    return tick.startup_s + tick.node_s
+
+
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """Shed levels (remembered: an invalid decision keeps them) and the saturation guard's depths."""
     assert tick.clean is not None and tick.clean.cluster is not None
     shed, why = shed_levels(spec, tick.clean, tick.service_s)
-    depths = saturation_depths(spec, tick.clean.cluster.ready_replicas, tick.service_s)
-    if depths and fc.returning_cold(spec, tick.state.forecast, tick.now, tick.lead_s):
+    ready = tick.clean.cluster.ready_replicas
+    depths = saturation_depths(spec, ready, tick.service_s)
+    coming = tick.replicas - tick.unplaceable  # what is decided and can get a node
+    longest_s = returning_guard_s(tick)
+    if depths and ready < coming and fc.returning_cold(spec, tick.state.forecast, tick.now, longest_s):
         depths = {name: 1 for name in depths}
-        why.append(f"shedding: traffic back after a silence, its capacity on the way: {', '.join(sorted(depths))} "
-                   "guarded at a queue of 1 for one lead time, so the highest class waits behind no other")
+        why.append(f"shedding: traffic back after a silence, its capacity on the way ({ready} of {coming} "
+                   f"replicas Ready): {', '.join(sorted(depths))} guarded at a queue of 1 until they are, at most "
+                   f"{longest_s:.0f} s from the return, so the highest class waits behind no other")
     return tick.then(why, shed=shed, saturation_depths=depths, state=tick.state.changed(shed=shed))
