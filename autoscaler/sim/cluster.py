@@ -263,7 +263,7 @@ class SimCluster:
         ready = self.ready()
         warm_ready, idle = self._arrived_slots()
         # The pods Ready in (reported until, now], in list order: a slice of the list sorted by ready_s,
-        # found by bisection rather than by a test of every pod (a 14-day replay runs up to 200 of them).
+        # found by bisection rather than by a test of every pod (a 14-day replay runs up to 260 of them).
         since = bisect.bisect_right(self.pods, self._reported_until, key=_ready_key)
         seen = tuple(p.ready_s - p.created_s for p in self.pods[since:ready] if p.ready_s > p.created_s)
         self._reported_until = self.now
