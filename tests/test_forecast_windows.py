@@ -52,3 +52,11 @@ def test_observe_keeps_the_sorted_windows_in_step_with_the_windows():
         assert _same(fs.rates_sorted, tuple(sorted(fs.rates)))
         assert _same(fs.ratios_sorted, tuple(sorted(fs.ratios)))
     assert len(fs.rates) == int(spec.burst_lookback_s / spec.tick_s)
+
+
+def test_a_leaving_value_missing_from_a_hand_built_sorted_copy_removes_nothing_past_its_end():
+    """A sorted copy of the window's length that does not hold the window's values (built by hand): the
+    leaving value would go past the end, where nothing is removed, as the tuple's slices did."""
+    window, ordered = forecast._slide((9.0, 1.0), (1.0, 2.0), 0.5, kept=2)
+    assert window == (1.0, 0.5)
+    assert ordered == (0.5, 1.0, 2.0)

@@ -370,6 +370,26 @@ def test_growth_samples_are_the_largest_rise_within_one_provisioning_time():
     assert growth_samples(spec, (0.0, 100.0)).tolist() == pytest.approx([100 / 2 - 1])
 
 
+def test_growth_samples_are_the_bits_of_numpys_windowed_maximum():
+    """The windows' peaks as shifted maxima: the same doubles as `sliding_window_view(...).max(axis=1)`, for
+    horizons of one to five buckets, histories with zeros of both signs, repeats and a silent start."""
+    rng = np.random.default_rng(7)
+    spec = PolicySpec(forecast_bucket_s=300.0)
+    for length in (0, 1, 2, 3, 7, 50, 400):
+        history = tuple(float(x) for x in rng.choice([0.0, -0.0, 3.0, 3.0, 100.0, 0.5], size=length)
+                        * rng.uniform(0.5, 2.0, size=length))
+        for buckets in range(1, 6):
+            spec_h = spec.model_copy(update={"node_provisioning_s": 300.0 * buckets})
+            y = np.asarray(history, dtype=float)
+            if len(y) <= buckets:
+                expected = np.zeros(0)
+            else:
+                windows = np.lib.stride_tricks.sliding_window_view(y[1:], buckets)
+                floor = max(0.02 * float(y.max()), 1e-9)
+                expected = np.maximum(windows.max(axis=1) / np.maximum(y[: len(windows)], floor) - 1.0, 0.0)
+            assert growth_samples(spec_h, history).tobytes() == expected.tobytes(), (length, buckets)
+
+
 def test_growth_risk_follows_the_time_of_day_and_has_a_floor():
     """Three days of 5-min buckets, flat at 100 but for a rise to 200 every day at 08:00: at 08:00 the risk
     is the doubling; at 20:00 nothing grows; a floor holds whatever the history says."""

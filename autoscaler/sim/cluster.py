@@ -254,7 +254,7 @@ class SimCluster:
 
     def ready(self, at: float | None = None) -> int:
         at = self.now if at is None else at
-        return bisect.bisect_right([p.ready_s for p in self.pods], at)
+        return bisect.bisect_right(self.pods, at, key=_ready_key)  # the pods are sorted by ready_s
 
     def ready_times_between(self, start: float, end: float) -> list[float]:
         return [p.ready_s for p in self.pods if start < p.ready_s <= end]
@@ -262,11 +262,10 @@ class SimCluster:
     def state(self) -> ClusterState:
         ready = self.ready()
         warm_ready, idle = self._arrived_slots()
-        seen = tuple(
-            p.ready_s - p.created_s
-            for p in self.pods
-            if self._reported_until < p.ready_s <= self.now and p.ready_s > p.created_s
-        )
+        # The pods Ready in (reported until, now], in list order: a slice of the list sorted by ready_s,
+        # found by bisection rather than by a test of every pod (a 14-day replay runs up to 260 of them).
+        since = bisect.bisect_right(self.pods, self._reported_until, key=_ready_key)
+        seen = tuple(p.ready_s - p.created_s for p in self.pods[since:ready] if p.ready_s > p.created_s)
         self._reported_until = self.now
         return ClusterState(
             spec_replicas=len(self.pods),

@@ -152,6 +152,17 @@ def _total(values: Iterable[float]) -> float:
     return total
 
 
+def _weighted_wait(waits: list[tuple[list[float], float]]) -> float:
+    """`sum(_total(a) * w for a, w in waits)`, each list of amounts totalled once: `_open` and `_fluid` give a
+    segment's five points one list. The same products in the same order into the builtin `sum`."""
+    weighted, last, last_total = [], None, 0.0
+    for amount, wait in waits:
+        if amount is not last:
+            last, last_total = amount, _total(amount)
+        weighted.append(last_total * wait)
+    return sum(weighted)
+
+
 class RateSim:
     def __init__(self, workload: RateWorkload, *, concurrency: int, slo_s: float, tick_s: float, seed: int = 5,
                  max_hold_s: float | None = None):
@@ -174,6 +185,12 @@ class RateSim:
         self._mixture: list[tuple[float, float, float, float]] = []  # (admitted, fluid wait, C, theta)
         self.holds = Holds(max_hold_s) if max_hold_s is not None else None
         self._pending: list[tuple[float, float, str]] = []  # (requests, held since, wake start) at 0 ready
+        # Read every tick, so in plain floats too: `tolist()` gives each element as the double `float()` of it
+        # gives, and a list index costs a third of a numpy scalar's.
+        self._service_s = workload.service_s.tolist()
+        self._output_tokens = workload.output_tokens.tolist()
+        self._arrivals = self.arrivals.tolist()
+        self._unguarded = [math.inf] * n  # every class's depth when no class is guarded (`Guard.depths`)
 
     total = property(lambda self: np.array(self._total))
     met = property(lambda self: np.array(self._met))
@@ -208,7 +225,7 @@ class RateSim:
             gpu_memory_headroom_ratio=Sample(1.0 - min(1.0, in_flight / capacity) if capacity else 0.0, now),
             token_rate_per_s=Sample(tokens, now),
             arrival_rate_per_s=Sample(_total(by_class), now),
-            service_time_s=Sample(float(self.w.service_s[self._window(now - self.tick_s)]), now),
+            service_time_s=Sample(self._service_s[self._window(now - self.tick_s)], now),
             arrival_rate_by_priority=dict(zip(self.classes, by_class)),
             held_requests=Sample(sum(r for r, _, _ in self._pending), now) if self.holds is not None else None,
         )
@@ -218,17 +235,23 @@ class RateSim:
     ) -> None:
         dt = end - start
         win = self._window(start)
-        service = float(self.w.service_s[win])
-        arrivals = float(self.arrivals[min(len(self.arrivals) - 1, int(round(start / self.tick_s)))])
+        service = self._service_s[win]
+        arrivals = self._arrivals[min(len(self._arrivals) - 1, int(round(start / self.tick_s)))]
         by_class = [arrivals * share for share in self._class_shares(win)]
         shed_now = [b * shed.get(c, 0.0) for b, c in zip(by_class, self.classes)]
         offered_by_class = [b - x for b, x in zip(by_class, shed_now)]
-        self.recent.append((end, by_class, arrivals * float(self.w.output_tokens[win])))
+        self.recent.append((end, by_class, arrivals * self._output_tokens[win]))
 
         slots = cluster.ready(start + dt / 2) * self.k
         mu = slots / service  # requests/s the ready slots complete
-        depth = (guard or Guard()).depths(self.classes)
-        admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
+        # No class guarded (every baseline's tick): the depths are all infinite, which is all `_fluid` and
+        # the guarded chain below would find out, one class at a time.
+        unguarded = guard is None or not guard.depth
+        depth = self._unguarded if unguarded else guard.depths(self.classes)
+        if unguarded:
+            admitted_by_class, rejected, waits, b1 = self._open(offered_by_class, mu, dt)
+        else:
+            admitted_by_class, rejected, waits, b1 = self._fluid(offered_by_class, mu, dt, depth)
         shed_now = [x + r for x, r in zip(shed_now, rejected)]
         admitted = _total(admitted_by_class)
         if self.holds is not None:
@@ -250,8 +273,8 @@ class RateSim:
         # ones wait less than that; the highest class misses when the queue is past the SLO's.
         n = len(self.classes)
         no_backlog = [1.0 - c_wait * math.exp(-theta * self.slo_s) if theta > 0 else 1.0] * n
-        guarded = [math.isfinite(d) and d < self.slo_s * mu for d in depth]
         reject = [0.0] * n
+        guarded = [] if unguarded else [math.isfinite(d) and d < self.slo_s * mu for d in depth]
         rejecting = theta > 0 and any(guarded)
         if rejecting:
             rho = offered / slots
@@ -264,13 +287,18 @@ class RateSim:
             top = 1.0 - tail(q_slo)
             no_backlog = [1.0 - r if g else top for r, g in zip(reject, guarded)]
         met = [0.0] * n
+        last: list[float] | None = None
         for amount, w in waits:
             if w <= 0.0:
-                met = [m + a * nb for m, a, nb in zip(met, amount, no_backlog)]
+                if amount is not last:  # a segment's five points share one list: its products, computed once,
+                    last = amount  # are the same doubles each time, added in the same order below
+                    gain = [a * nb for a, nb in zip(amount, no_backlog)]
+                    lost = [a * r for a, r in zip(amount, reject)] if rejecting else []
+                    lost_total = _total(lost)
+                met = [m + g for m, g in zip(met, gain)]
                 if rejecting:  # else every loss is 0.0 (finite amounts x 0.0), which adds nothing to any figure
-                    lost = [a * r for a, r in zip(amount, reject)]
                     shed_now = [x + y for x, y in zip(shed_now, lost)]
-                    admitted -= _total(lost)
+                    admitted -= lost_total
             elif w <= self.slo_s:
                 met = [m + a for m, a in zip(met, amount)]  # every slot is busy: the fluid backlog is the
                 # queue, a request waits its drain
@@ -280,7 +308,7 @@ class RateSim:
             self._shed[i] += shed_now[i]
             self._shed_ticks[i] += shed_now[i] >= SHED_NOTICED
             self._met[i] += met[i]
-        wmid = sum(_total(a) * w for a, w in waits) / admitted if admitted > 0 else 0.0
+        wmid = _weighted_wait(waits) / admitted if admitted > 0 else 0.0
         self._mixture.append((admitted, min(wmid, 1e6), c_wait, theta))
 
         queued_before = max(self.last[0], self.backlog)  # the queue reading the tick starts from
@@ -310,11 +338,7 @@ class RateSim:
         zero = [0.0] * len(offered)
         finite = [math.isfinite(d) for d in depth]
         if not any(finite) or (b <= 0 and _total(rate) <= mu):
-            b1 = max(0.0, b + (_total(rate) - mu) * dt)
-            if mu <= 0:
-                return offered, zero, [(offered, math.inf)], b1
-            fifth = [o / len(_POINTS) for o in offered]
-            return offered, zero, [(fifth, (b + (b1 - b) * p) / mu) for p in _POINTS], b1
+            return self._open(offered, mu, dt)
         levels = sorted({float(d) for d in depth if math.isfinite(d)} | {0.0})
         admitted: list[float] = zero
         waits: list[tuple[list[float], float]] = []
@@ -350,6 +374,20 @@ class RateSim:
             b, left = end, left - span
         rejected = [max(o - a, 0.0) if f else 0.0 for o, a, f in zip(offered, admitted, finite)]
         return admitted, rejected, waits, b
+
+    def _open(
+        self, offered: list[float], mu: float, dt: float
+    ) -> tuple[list[float], list[float], list[tuple[list[float], float]], float]:
+        """`_fluid` when nothing is rejected (no class guarded, or no backlog and the slots keep up): every
+        request admitted, the backlog linear over the tick."""
+        b = self.backlog
+        rate = [o / dt for o in offered]
+        zero = [0.0] * len(offered)
+        b1 = max(0.0, b + (_total(rate) - mu) * dt)
+        if mu <= 0:
+            return offered, zero, [(offered, math.inf)], b1
+        fifth = [o / len(_POINTS) for o in offered]
+        return offered, zero, [(fifth, (b + (b1 - b) * p) / mu) for p in _POINTS], b1
 
     def _hold(self, start: float, end: float, cluster: Cluster, admitted: float) -> None:
         """Hold the tick's admitted arrivals if no replica is ready at its middle; release every held request

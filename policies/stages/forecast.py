@@ -535,12 +535,13 @@ def _slide(
     would mean anything."""
     if len(ordered) != len(window):  # not kept in step with the window (a state built by hand)
         ordered = tuple(sorted(window))
-    i = bisect.bisect_right(ordered, value)
-    ordered = ordered[:i] + (value,) + ordered[i:]
+    # In a list: one copy in and one out, where slicing the tuple around each insertion and removal made four.
+    values = list(ordered)
+    values.insert(bisect.bisect_right(values, value), value)
     for gone in window[: max(0, len(window) + 1 - kept)]:
-        j = bisect.bisect_left(ordered, gone)
-        ordered = ordered[:j] + ordered[j + 1 :]
-    return (window + (value,))[-kept:], ordered
+        j = bisect.bisect_left(values, gone)
+        del values[j : j + 1]  # as the tuple's slices: nothing past the end (a value not in a state built by hand)
+    return (window + (value,))[-kept:], tuple(values)
 
 
 def _quantile(spec: PolicySpec, values: tuple[float, ...], ordered: tuple[float, ...]) -> float | None:

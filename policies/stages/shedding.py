@@ -79,7 +79,10 @@ def protected_share(spec: PolicySpec, rates: Mapping[str, float]) -> float:
     return kept / total
 
 
-def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[str, float], list[str]]:
+def shed_levels(spec: PolicySpec, clean: Clean, service_s: float,
+                depths: Mapping[str, int] | None = None) -> tuple[dict[str, float], list[str]]:
+    """`depths`: the saturation guard's (`saturation_depths` of the clean cluster's ready replicas and
+    `service_s`), when the caller has them already."""
     sheddable = sorted(
         (p, name) for name, p in spec.priorities.items() if p < spec.shed_priority_below
     )
@@ -93,7 +96,7 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float) -> tuple[dict[
         wait_s=spec.slo_queue_wait_s,
         miss_ratio=SHED_MISS_RATIO,
     )
-    guarded = saturation_depths(spec, cluster.ready_replicas, service_s)
+    guarded = saturation_depths(spec, cluster.ready_replicas, service_s) if depths is None else depths
     backlog = 0.0 if all(name in guarded for _, name in sheddable) else (clean.queue_depth or 0.0)
     demand = rate + backlog / spec.slo_queue_wait_s
     excess = demand - capacity
@@ -123,9 +126,9 @@ def returning_guard_s(tick: Tick) -> float:
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
     """Shed levels (remembered: an invalid decision keeps them) and the saturation guard's depths."""
     assert tick.clean is not None and tick.clean.cluster is not None
-    shed, why = shed_levels(spec, tick.clean, tick.service_s)
     ready = tick.clean.cluster.ready_replicas
     depths = saturation_depths(spec, ready, tick.service_s)
+    shed, why = shed_levels(spec, tick.clean, tick.service_s, depths)  # the same depths: computed once
     coming = tick.replicas - tick.unplaceable  # what is decided and can get a node
     longest_s = returning_guard_s(tick)
     if depths and ready < coming and fc.returning_cold(spec, tick.state.forecast, tick.now, longest_s):
