@@ -32,11 +32,13 @@ def _line(t_s: float, *, replicas: int, reasons: list[str]) -> str:
                        "lead_time_s": LEAD_S / FACTOR, "reasons": reasons, "event": "decision", "timestamp": wall})
 
 
-def _run(*, kept_replicas=4, keeping=True, guard_from_s=30.0, guard_for_s=LEAD_S, critical_late=0):
+def _run(*, kept_replicas=4, keeping=True, guard_from_s=30.0, guard_for_s=LEAD_S, critical_late=0,
+         ready_after_s=LEAD_S + 60.0):
     """A run: 7 replicas before the silence and through the hold, `kept_replicas` after it, 5 from the
-    return; decisions every 15 s; the guard's reason from `guard_from_s` after the return for `guard_for_s`;
-    requests of 10 s each, every 2 s per class while there is traffic, `critical_late` critical ones after the
-    return waiting 3 s."""
+    return; decisions every 15 s; the guard's reason (waiting for 7 Ready) from `guard_from_s` after the
+    return for `guard_for_s`; 7 Ready from `ready_after_s` after the return (kept_replicas before); requests of
+    10 s each, every 2 s per class while there is traffic, `critical_late` critical ones after the return
+    waiting 3 s."""
     lo, hi = (m * 60.0 for m in SILENCE.windows["silence"])
     hold_end = lo + E2EConfig().spec().outage_hold_s
     lines, timeline = [], []
@@ -46,7 +48,8 @@ def _run(*, kept_replicas=4, keeping=True, guard_from_s=30.0, guard_for_s=LEAD_S
         if BACK_S + guard_from_s <= t <= BACK_S + guard_from_s + guard_for_s:
             reasons.append(GUARD)
         lines.append(_line(t, replicas=replicas, reasons=reasons))
-        timeline.append({"t_s": float(t), "decided": float(replicas)})
+        ready = 7 if t < hold_end + 600 or t >= BACK_S + ready_after_s else kept_replicas
+        timeline.append({"t_s": float(t), "decided": float(replicas), "model": {"ready": ready}})
     records, late = [], critical_late
     for t in range(0, int(SILENCE.profile.span_s), 2):
         if lo <= t < hi:
@@ -68,7 +71,7 @@ def _verdicts(context: CheckContext) -> dict[str, bool]:
 KEPT, AT_LEAST = ("after the outage hold, the reasons keep capacity for the classes that are never shed",
                   "replicas through the silence never below what the kept rate needs")
 RETURN = "from the return on, every class that is never shed at its target"
-GUARDED = "the lower classes guarded hard for one lead time after the return"
+GUARDED = checks.GUARDED_CHECK
 
 
 def test_a_run_that_keeps_the_capacity_and_guards_the_return_passes():
@@ -78,7 +81,8 @@ def test_a_run_that_keeps_the_capacity_and_guards_the_return_passes():
     assert "keep 1.62-1.62 req/s (at factor 1)" in detail[KEPT]
     # 1.62 req/s x 10 s / 8 slots: 3 replicas at least; 4 kept
     assert detail[AT_LEAST].startswith("least decided 4.0 ") and "needs at least 3" in detail[AT_LEAST]
-    assert "from 30 s after the return for 420 s (lead time 420 s)" in detail[GUARDED]
+    assert "from 30 s after the return for 420 s (lead time 420 s; the 7 replicas it waited for Ready 480 s after " \
+           "the return)" in detail[GUARDED]
 
 
 @pytest.mark.parametrize("kept_replicas", [1, 2])
@@ -95,6 +99,21 @@ def test_no_kept_capacity_in_the_reasons_fails():
                                    {"guard_from_s": -1e9, "guard_for_s": -1.0}])
 def test_a_guard_too_short_too_long_too_late_or_missing_fails(guard):
     assert _verdicts(_run(**guard))[GUARDED] is False
+
+
+def test_a_guard_that_ends_when_its_replicas_are_ready_before_one_lead_time_passes():
+    """The policy's rule: the guard lasts until the replicas ordered for the return are Ready, at most a
+    start-up plus a node's provisioning; here they were Ready 330 s after the return, the lead time 420 s."""
+    results = {c["check"]: c for c in checks.silence(_run(guard_for_s=300.0, ready_after_s=330.0))}
+    assert results[GUARDED]["passed"] is True, results[GUARDED]
+    assert "Ready 330 s after the return" in results[GUARDED]["detail"]
+
+
+@pytest.mark.parametrize("run", [{"guard_for_s": 300.0, "ready_after_s": 450.0},  # ended before Ready and the lead
+                                 {"guard_for_s": 120.0, "ready_after_s": 330.0},  # ended long before Ready
+                                 {"guard_for_s": 300.0, "ready_after_s": 1e9}])  # never Ready
+def test_a_guard_that_ends_before_its_replicas_are_ready_and_before_one_lead_time_fails(run):
+    assert _verdicts(_run(**run))[GUARDED] is False
 
 
 def test_critical_late_after_the_return_fails_even_when_the_whole_run_meets_its_target():

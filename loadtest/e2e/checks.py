@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Mapping
@@ -371,34 +372,50 @@ def _kept_through_silence(context: CheckContext) -> list[dict]:
     ]
 
 
+GUARDED_CHECK = "the lower classes guarded hard after the return until its replicas are Ready, at most one lead time"
+_WAITING_FOR = re.compile(r"\((\d+) of (\d+) replicas Ready\)")
+
+
+def _ready_at(timeline: list[dict], replicas: int, since_s: float) -> float | None:
+    """The first sample from `since_s` on with at least `replicas` of the model's replicas Ready."""
+    return next((r["t_s"] for r in timeline if r["t_s"] >= since_s
+                 and ((r.get("model") or {}).get("ready") or 0) >= replicas), None)
+
+
 def _guarded_after_return(context: CheckContext) -> dict:
     """The guarded classes rejected at a queue of 1 from the return (within a rate window, a scrape and two
-    ticks of it, the time the windowed rate takes to show it) while its capacity comes, within the lead times
-    of the decisions (to within two ticks), and not after."""
+    ticks of it, the time the windowed rate takes to show it) while its capacity comes, and not after: the
+    guard ends when the replicas its last decision waited for are Ready (the timeline's, to within two
+    ticks), or else after at most a start-up plus a node's provisioning, the lead time of a tick with no
+    free slot as at this scenario's return (within the lead times of the decisions, to within two ticks)."""
     config = context.config
     back, _ = context.window_s("return")
     after = [(t, d) for t, d in _timed_decisions(context) if t >= back]
     marked = [any(GUARD_REASON in reason for reason in d.get("reasons", [])) for _, d in after]
     guarded = [pair for pair, on in zip(after, marked) if on]
     if not guarded:
-        return _check("the lower classes guarded hard for one lead time after the return", False,
-                      "no decision after the return guards them at a queue of 1")
+        return _check(GUARDED_CHECK, False, "no decision after the return guards them at a queue of 1")
     first, last = guarded[0][0], guarded[-1][0]
-    # the guard lasts until the replicas ordered at the return are Ready, at most a start-up plus a node's
-    # provisioning: the lead time of a tick with no free slot, as at this scenario's return; a slot freed
-    # meanwhile shortens the ticks' lead times, not the guard. The span lies within the leads of the guarded
-    # decisions and of the one that ended it.
+    # a slot freed meanwhile shortens the ticks' lead times, not the guard: the span lies within the leads of
+    # the guarded decisions and of the one that ended it, unless the replicas it waited for came sooner
     ending = after[len(marked) - marked[::-1].index(True):][:1]
     leads = [(d.get("lead_time_s") or 0.0) * config.factor for _, d in guarded + ending]
     slack_s = 2 * config.tick_s
+    waited = [int(m.group(2)) for reason in guarded[-1][1].get("reasons", [])
+              if GUARD_REASON in reason and (m := _WAITING_FOR.search(reason))]
+    ready_s = _ready_at(context.timeline, waited[0], first) if waited else None
     rows = [r for r in context.records if first <= r["sent_s"] <= last + config.tick_s]
     rejected = {c: sum(1 for r in rows if r["class"] == c and r["status"] == 429) for c in config.spec().classes}
     in_time = first <= back + config.rate_window_s + config.scrape_s + slack_s
-    lasted = min(leads) - slack_s <= last - first <= max(leads) + slack_s
+    on_ready = ready_s is not None and ready_s - slack_s <= last <= ready_s + slack_s
+    lasted = (on_ready or min(leads) - slack_s <= last - first) and last - first <= max(leads) + slack_s
     lead = f"{min(leads):.0f}" if min(leads) == max(leads) else f"{min(leads):.0f}-{max(leads):.0f}"
-    return _check("the lower classes guarded hard for one lead time after the return", in_time and lasted,
+    ready = (f"the {waited[0]} replicas it waited for Ready {ready_s - back:.0f} s after the return"
+             if ready_s is not None else f"the {waited[0]} replicas it waited for never Ready" if waited else
+             "its reasons name no replicas it waited for")
+    return _check(GUARDED_CHECK, in_time and lasted,
                   f"{len(guarded)} decisions guard them at a queue of 1, from {first - back:.0f} s after the "
-                  f"return for {last - first:.0f} s (lead time {lead} s); rejected meanwhile: {rejected}")
+                  f"return for {last - first:.0f} s (lead time {lead} s; {ready}); rejected meanwhile: {rejected}")
 
 
 def _return_holds(context: CheckContext) -> dict:
