@@ -373,13 +373,18 @@ def _kept_through_silence(context: CheckContext) -> list[dict]:
 
 
 GUARDED_CHECK = "the lower classes guarded hard after the return until its replicas are Ready, at most one lead time"
-_WAITING_FOR = re.compile(r"\((\d+) of (\d+) replicas Ready\)")
+_WAITING_FOR = re.compile(r"\(\d+ of (\d+) replicas Ready\)")
+
+
+def _waited_for(decision: dict) -> int | None:
+    """The replicas a guarded decision waited for: N of its guard reason's "(R of N replicas Ready)"."""
+    found = (_WAITING_FOR.search(reason) for reason in decision.get("reasons", []) if GUARD_REASON in reason)
+    return next((int(m.group(1)) for m in found if m), None)
 
 
 def _ready_at(timeline: list[dict], replicas: int, since_s: float) -> float | None:
     """The first sample from `since_s` on with at least `replicas` of the model's replicas Ready."""
-    return next((r["t_s"] for r in timeline if r["t_s"] >= since_s
-                 and ((r.get("model") or {}).get("ready") or 0) >= replicas), None)
+    return next((r["t_s"] for r in timeline if r["t_s"] >= since_s and r["model"]["ready"] >= replicas), None)
 
 
 def _guarded_after_return(context: CheckContext) -> dict:
@@ -401,18 +406,20 @@ def _guarded_after_return(context: CheckContext) -> dict:
     ending = after[len(marked) - marked[::-1].index(True):][:1]
     leads = [(d.get("lead_time_s") or 0.0) * config.factor for _, d in guarded + ending]
     slack_s = 2 * config.tick_s
-    waited = [int(m.group(2)) for reason in guarded[-1][1].get("reasons", [])
-              if GUARD_REASON in reason and (m := _WAITING_FOR.search(reason))]
-    ready_s = _ready_at(context.timeline, waited[0], first) if waited else None
+    waited = _waited_for(guarded[-1][1])
+    ready_s = _ready_at(context.timeline, waited, first) if waited is not None else None
     rows = [r for r in context.records if first <= r["sent_s"] <= last + config.tick_s]
     rejected = {c: sum(1 for r in rows if r["class"] == c and r["status"] == 429) for c in config.spec().classes}
     in_time = first <= back + config.rate_window_s + config.scrape_s + slack_s
     on_ready = ready_s is not None and ready_s - slack_s <= last <= ready_s + slack_s
     lasted = (on_ready or min(leads) - slack_s <= last - first) and last - first <= max(leads) + slack_s
     lead = f"{min(leads):.0f}" if min(leads) == max(leads) else f"{min(leads):.0f}-{max(leads):.0f}"
-    ready = (f"the {waited[0]} replicas it waited for Ready {ready_s - back:.0f} s after the return"
-             if ready_s is not None else f"the {waited[0]} replicas it waited for never Ready" if waited else
-             "its reasons name no replicas it waited for")
+    if waited is None:
+        ready = "its reasons name no replicas it waited for"
+    elif ready_s is None:
+        ready = f"the {waited} replicas it waited for never Ready"
+    else:
+        ready = f"the {waited} replicas it waited for Ready {ready_s - back:.0f} s after the return"
     return _check(GUARDED_CHECK, in_time and lasted,
                   f"{len(guarded)} decisions guard them at a queue of 1, from {first - back:.0f} s after the "
                   f"return for {last - first:.0f} s (lead time {lead} s; {ready}); rejected meanwhile: {rejected}")
