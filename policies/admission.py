@@ -6,6 +6,11 @@ requests per second they complete (`saturation_slots`, `saturation_drain_per_s`)
 by a probe every second or so; a burst can arrive within one reading, so the endpoint counts its own
 admissions since the reading and `carried_queue` turns them into the queue now. `classify` turns the
 priority header the gateway set into a class.
+
+A burst can also outrun the guard: its depths leave the top class the queue from their depth to the SLO's,
+which the top class fills within a second once its own arrivals come faster than the ready slots complete
+requests. While they do (`top_outruns`), every request of a guarded class that would queue is one the top
+class waits behind, so the endpoint rejects every guarded class while any request waits (`overrun_rejects`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,26 @@ def carried_queue(
     10 + max(0, 30 - 4 - 10) = 26."""
     free = max(0.0, slots - in_flight) if in_flight is not None else 0.0
     return queue + max(0.0, admitted - free - drain_per_s * max(0.0, elapsed_s))
+
+
+# How long a window of the top class's arrivals `top_outruns` compares with the drain: the queue probe's interval,
+# so the rule reads the same second the queue reading does.
+OVERRUN_WINDOW_S = 1.0
+
+
+def top_outruns(*, top_arrivals: float, window_s: float, drain_per_s: float) -> bool:
+    """Whether the top class alone arrived faster than the ready slots complete requests: more than
+    `drain_per_s` x `window_s` of its requests in the last `window_s`. No drain known (0: no Ready replica,
+    or a decision that does not say) is never an overrun: the rule only tightens a guard that has a drain to
+    compare with. E.g. 60 critical requests in the last second against 53.3 req/s completed: an overrun."""
+    return drain_per_s > 0 and window_s > 0 and top_arrivals > drain_per_s * window_s
+
+
+def overrun_rejects(*, queue: float | None) -> bool:
+    """While the top class outruns the drain, a guarded class is rejected while any request waits (the queue
+    the endpoint sees above 0): admitted, it would queue ahead of the top class's next requests. With free
+    slots (no queue) it is admitted as before; an unknown queue rejects nothing (fail open)."""
+    return queue is not None and queue > 0
 
 
 # Gateway API priorities are 32-bit integers (InferenceObjective.priority): anything wider is not a priority,

@@ -73,8 +73,9 @@ def gateway():
     thread.close()
 
 
-def publish(thread, board, *, shed=None, depths=None, queue=None, valid=True):
-    decision = Decision(replicas=4, shed=shed or {}, saturation_queue_depth=depths or {}, valid=valid)
+def publish(thread, board, *, shed=None, depths=None, queue=None, valid=True, drain=0.0):
+    decision = Decision(replicas=4, shed=shed or {}, saturation_queue_depth=depths or {}, valid=valid,
+                        saturation_drain_per_s=drain)
     thread.run(board.publish(Published(decision, 4, queue, 0.0)))
 
 
@@ -109,6 +110,19 @@ def test_saturation_guard_rejects_guarded_classes_never_the_highest(gateway):
     publish(thread, board, depths={"sheddable": 10, "standard": 20}, queue=25)
     assert get(f"{url}/metrics", "standard")[0] == 429
     assert get(f"{url}/metrics", "critical")[0] == 200
+
+
+def test_critical_outrunning_the_drain_gets_the_whole_queue(gateway):
+    """5 queued, below both depths, and 3 req/s completed: once more than 3 critical requests came within a
+    second, standard and sheddable are answered 429; with no queue they are admitted."""
+    thread, board, url, *_ = gateway
+    publish(thread, board, depths={"sheddable": 10, "standard": 20}, queue=0, drain=3.0)
+    assert all(get(f"{url}/metrics", "critical")[0] == 200 for _ in range(4))
+    assert get(f"{url}/metrics", "standard")[0] == 200  # no request waits: it takes a slot
+    publish(thread, board, depths={"sheddable": 10, "standard": 20}, queue=5, drain=3.0)
+    assert all(get(f"{url}/metrics", "critical")[0] == 200 for _ in range(4))
+    assert get(f"{url}/metrics", "standard")[0] == 429  # 5 queued is below its depth: the overrun rejects it
+    assert get(f"{url}/metrics", "sheddable")[0] == 429
 
 
 def test_no_valid_decision_admits_everything(gateway):

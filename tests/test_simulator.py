@@ -190,14 +190,39 @@ def test_rate_guard_holds_the_backlog_at_the_depths():
 
 
 def test_rate_guard_cannot_hold_what_critical_alone_overloads():
-    """Critical alone (20 req/s) above capacity (10 req/s): the guarded classes are rejected past their
-    depth and the backlog keeps growing with the critical excess."""
+    """Critical alone (20 req/s) above capacity (10 req/s), with a decision that gives no drain (so no
+    overrun rule): the guarded classes are rejected past their depth and the backlog keeps growing with the
+    critical excess."""
+    workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 5}, 10, 0.0))
+    assert sim.backlog == pytest.approx(5.0 + 10.0 * (15.0 - 5 / 90))
+    assert sim.outcome()["shed_by_class"]["sheddable"] == pytest.approx((15.0 - 5 / 90) / 15.0)
+
+
+def test_rate_overrun_rejects_every_guarded_class_from_the_start():
+    """The same tick with the decision's drain (10 req/s): critical alone outruns it, so every guarded
+    class's depth is 0: both are rejected the whole tick and the backlog is critical's excess alone."""
     workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
     cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
     sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
     sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 5}, 10, 10.0))
-    assert sim.backlog == pytest.approx(5.0 + 10.0 * (15.0 - 5 / 90))
-    assert sim.outcome()["shed_by_class"]["sheddable"] == pytest.approx((15.0 - 5 / 90) / 15.0)
+    assert sim.backlog == pytest.approx((20.0 - 10.0) * 15.0)
+    shed = sim.outcome()["shed_by_class"]
+    assert shed["sheddable"] == pytest.approx(1.0) and shed["standard"] == pytest.approx(1.0)
+    assert shed["critical"] == 0.0
+
+
+def test_rate_overrun_leaves_a_drain_critical_does_not_outrun():
+    """Critical at 20 req/s against a drain of 20.5 req/s: no overrun, the guard's depths as before (the
+    backlog held at the standard depth, sheddable rejected past its own)."""
+    workload = _rate_workload(np.full((1, 1), 100.0), np.full((1, 1), 1e-6), window=15.0)
+    cluster = SimCluster.started(ClusterModel(), replicas=20, now=0.0)
+    sim = RateSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"sheddable": 5, "standard": 10}, 20, 20.5))
+    assert sim.backlog == pytest.approx(10.0)
+    assert 0.0 < sim.outcome()["shed_by_class"]["standard"] < 1.0
 
 
 def test_request_guard_carries_the_reading_through_a_burst():
@@ -217,6 +242,32 @@ def test_request_guard_carries_the_reading_through_a_burst():
     assert admitted[workload.priority == 0].all()  # critical
     assert admitted[workload.priority != 0].sum() <= 10 + 10
     assert admitted.sum() < 10 + 10 + 100 + 5
+
+
+def _critical_then_standard(critical: int) -> tuple[RequestWorkload, RequestSim]:
+    """`critical` then 20 standard requests within 10 ms on 10 idle 1-s slots (10 req/s completed), the
+    standard class guarded from 10 queued; served for one tick."""
+    n = critical + 20
+    workload = RequestWorkload(
+        name="overrun", scale=1.0, arrival_s=0.1 + np.arange(n) * (0.01 / n), service_s=np.ones(n),
+        output_tokens=np.ones(n), priority=np.array([0] * critical + [1] * 20, dtype=np.int8), uniform=np.ones(n),
+        span_s=15.0,
+    )
+    cluster = SimCluster.started(ClusterModel(), replicas=10, now=0.0)
+    sim = RequestSim(workload, concurrency=1, slo_s=2.0, tick_s=15.0)
+    sim.serve(0.0, 15.0, cluster, {}, Guard({"standard": 10}, 10, 10.0))
+    return workload, sim
+
+
+def test_request_overrun_rejects_the_guarded_class_while_a_request_waits():
+    """11 critical requests within the second against 10 completed a second outrun the drain: with one of
+    them queued, every standard request is rejected; 10 critical leave the guard as it was (standard
+    admitted until 10 queue)."""
+    workload, sim = _critical_then_standard(11)
+    assert (~sim.shed[workload.priority == 0]).all()
+    assert (~sim.shed[workload.priority == 1]).sum() == 0
+    workload, sim = _critical_then_standard(10)
+    assert (~sim.shed[workload.priority == 1]).sum() >= 10  # 10 queued, plus what the 10 ms drained
 
 
 def test_guarded_tail_is_the_birth_death_chain_of_the_guard():

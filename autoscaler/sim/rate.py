@@ -14,7 +14,9 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
 - c = ready slots; a fluid backlog B grows by (lambda_admitted - c/S) dt when overloaded and drains
   otherwise; a request's fluid wait is B / (c/S). The saturation guard rejects a guarded class while B
   is above the class's depth (the admission endpoint's probe reading carried forward with its own
-  admissions is B in the fluid), so a backlog above the depth drains while the class is rejected;
+  admissions is B in the fluid), so a backlog above the depth drains while the class is rejected; on a
+  tick whose top-class rate alone outruns the decision's drain, every guarded class's depth is 0 (the
+  endpoint's overrun rule, `policies.admission.top_outruns`, read on the tick's mean rate);
 - with no fluid backlog, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff
   relaxes towards the stationary Erlang C(c, a) with the queue's relaxation time
   tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with
@@ -44,6 +46,7 @@ from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds, wake_start
 from autoscaler.sim.workload import RateWorkload
+from policies.admission import top_outruns
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
 
@@ -230,6 +233,16 @@ class RateSim:
             held_requests=Sample(sum(r for r, _, _ in self._pending), now) if self.holds is not None else None,
         )
 
+    def _depths(self, guard: Guard, top_rate: float) -> list[float]:
+        """The guard's depths per class; while the top class's rate this tick outruns the decision's drain
+        (`top_outruns`, the tick's mean standing for the endpoint's last second), 0 for every guarded class:
+        the endpoint rejects it while any request waits, which in the fluid is admitting only what the top
+        class leaves of the drain."""
+        depth = guard.depths(self.classes)
+        if not top_outruns(top_arrivals=top_rate, window_s=1.0, drain_per_s=guard.drain_per_s):
+            return depth
+        return [0.0 if math.isfinite(d) else d for d in depth]
+
     def serve(
         self, start: float, end: float, cluster: Cluster, shed: dict[str, float], guard: Guard | None = None
     ) -> None:
@@ -247,7 +260,7 @@ class RateSim:
         # No class guarded (every baseline's tick): the depths are all infinite, which is all `_fluid` and
         # the guarded chain below would find out, one class at a time.
         unguarded = guard is None or not guard.depth
-        depth = self._unguarded if unguarded else guard.depths(self.classes)
+        depth = self._unguarded if unguarded else self._depths(guard, offered_by_class[0] / dt)
         if unguarded:
             admitted_by_class, rejected, waits, b1 = self._open(offered_by_class, mu, dt)
         else:
