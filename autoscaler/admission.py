@@ -27,7 +27,9 @@ carried part is low by their number (and never worse than the reading alone).
 While the top class's own arrivals in the last second (`OVERRUN_WINDOW_S`) outnumber what the Ready slots
 complete in it (`top_outruns`), every guarded class is rejected while the queue the endpoint sees is above 0
 (counted, reason "top class outruns the drain"): the guard's depths leave the top class the rest of the SLO's
-queue, which it fills by itself within a second then. With free slots nothing more is rejected.
+queue, which it fills by itself within a second then. With free slots nothing more is rejected. A request
+released from a hold neither counts in the window nor meets the rule: the release already paced it to the
+room the Ready replicas have.
 
 Scale to zero: while the latest fresh decision comes with 0 Ready replicas (the model at zero, or waking:
 replicas ordered, none Ready yet; valid or not, since an admitted request would reach no replica), or is a
@@ -161,18 +163,19 @@ class Admission:
         return top_outruns(top_arrivals=len(self._top_at), window_s=OVERRUN_WINDOW_S,
                            drain_per_s=decision.saturation_drain_per_s)
 
-    def rejection(self, cls: str) -> str | None:
-        """Why a request of class `cls` is rejected now, or None to admit it (and count it admitted)."""
-        if self.priorities[cls] >= self.top:
+    def rejection(self, cls: str, *, released: bool = False) -> str | None:
+        """Why a request of class `cls` is rejected now, or None to admit it (and count it admitted).
+        `released`: it was held and the release let it go (the overrun rule leaves it alone)."""
+        if self.priorities[cls] >= self.top and not released:
             self._top_at.append(self.clock.now())
-        reason = self._rejection(cls)
+        reason = self._rejection(cls, released)
         if reason is None:
             self._admitted_at.append(self.clock.now())
             latest = self.board.latest
             self._ledger.add(self.clock.now(), self._drain_per_s(latest) if latest is not None else 0.0)
         return reason
 
-    def _rejection(self, cls: str) -> str | None:
+    def _rejection(self, cls: str, released: bool) -> str | None:
         latest = self.board.fresh("admission")
         if latest is None or not latest.decision.valid or self.priorities[cls] >= self.top:
             return None
@@ -180,7 +183,7 @@ class Admission:
         queue = self.queue(latest.decision) if depth is not None else None
         if depth is not None and queue is not None and queue >= depth:
             return f"saturated: queue {queue:.0f} >= {depth} for {cls}"
-        if depth is not None and overrun_rejects(queue=queue) and self._top_outruns(latest.decision):
+        if depth is not None and not released and overrun_rejects(queue=queue) and self._top_outruns(latest.decision):
             return f"top class outruns the drain: queue {queue:.1f} for {cls}"
         fraction = float(latest.decision.shed.get(cls, 0.0))
         if fraction <= 0.0:
@@ -262,11 +265,15 @@ class Admission:
             self.release()
             await self.board.wait_change(timeout_s=RELEASE_STEP_S)
 
+    def must_hold(self, *, unreachable: bool = False) -> bool:
+        """A request arriving now is held: the decision holds, or others are held already (it queues behind)."""
+        return self.holding(held=unreachable) or bool(self._queue.waiting)
+
     async def hold(self, cls: str, *, unreachable: bool = False) -> str | None:
         """Wait for room at a Ready replica; None once released (or the controller cannot say: fail open),
         else why the request is dropped. `unreachable`: the model refused the request's connection, so it is
         held as one already held (through a decision that does not know the Ready replicas)."""
-        if not self.holding(held=unreachable) and not self._queue.waiting:
+        if not self.must_hold(unreachable=unreachable):
             return None
         if self._held >= self.max_held and self.priorities[cls] < self.top:
             return f"{self._held} requests held for a replica: no room"
@@ -297,17 +304,19 @@ class Admission:
             self._held -= 1
             self.board.set_held(self._held)
 
-    async def _held_answer(self, cls: str, expired_status: int, expired_headers: dict[str, str], *,
-                           unreachable: bool = False) -> web.Response | None:
+    async def _held_answer(self, cls: str, deny_status: int, expired_status: int, expired_headers: dict[str, str], *,
+                           unreachable: bool = False) -> web.Response:
+        """Held while it must be, then answered as any request (a hold that expired: `expired_status`)."""
+        held = self.must_hold(unreachable=unreachable)
         dropped = await self.hold(cls, unreachable=unreachable)
         if dropped is None:
-            return None
+            return self._answer(cls, deny_status, released=held)
         self.on_result(cls, "hold_expired")
         return web.Response(status=expired_status, text=dropped + "\n",
                             headers={"Retry-After": self.retry_after, "X-Shed-Reason": dropped, **expired_headers})
 
-    def _answer(self, cls: str, deny_status: int) -> web.Response:
-        reason = self.rejection(cls)
+    def _answer(self, cls: str, deny_status: int, *, released: bool = False) -> web.Response:
+        reason = self.rejection(cls, released=released)
         if reason is None:
             self.on_result(cls, "admitted")
             return web.Response(status=200)
@@ -318,7 +327,7 @@ class Admission:
     async def ext_authz(self, request: web.Request) -> web.Response:
         cls = self.classify(request.headers.get(self.header))
         self.on_arrival(cls)
-        return await self._held_answer(cls, 503, {}) or self._answer(cls, 429)
+        return await self._held_answer(cls, 429, 503, {})
 
     async def auth_request(self, request: web.Request) -> web.Response:
         """nginx's ordinary subrequest, under a short timeout: never held; 401 sends it to the hold, whose
@@ -337,8 +346,7 @@ class Admission:
         unreachable = bool(request.headers.get("X-Model-Unreachable"))
         if not unreachable:  # one the model refused was counted when the ordinary subrequest admitted it
             self.on_arrival(cls)
-        return (await self._held_answer(cls, 403, {"X-Hold-Expired": "1"}, unreachable=unreachable)
-                or self._answer(cls, 403))
+        return await self._held_answer(cls, 403, 403, {"X-Hold-Expired": "1"}, unreachable=unreachable)
 
     def app(self) -> web.Application:
         app = web.Application()

@@ -73,3 +73,41 @@ def test_no_probe_reading_and_no_drain_keep_the_guard_as_it_was():
     without_drain = Decision(replicas=4, saturation_slots=32, saturation_queue_depth={"standard": 20})
     asyncio.run(admission.board.publish(Published(without_drain, 4, 0.0, clock.now(), ready_replicas=4)))
     assert admission.rejection("standard") is None  # a decision that gives no drain: nothing to compare with
+
+
+def test_requests_released_from_a_hold_neither_count_nor_meet_the_rule():
+    """A wake: 4 critical and 2 standard requests held while no replica is Ready (1 replica of 8 slots
+    completing 0.8 req/s, standard guarded from 2 queued). The replica turns Ready and the release lets all six
+    go, with half a request queued by the probe's reading: the 4 critical are more than 0.8 a second, but the
+    release paced them, so the released standard requests are admitted (the guard's depth is not reached);
+    a new standard request after 4 new critical ones in the same second is rejected."""
+    from aiohttp.test_utils import make_mocked_request
+
+    serving = Decision(replicas=1, saturation_slots=8, saturation_drain_per_s=0.8,
+                       saturation_queue_depth={"sheddable": 1, "standard": 2})
+
+    async def scenario() -> tuple[list[int], int]:
+        clock = ManualClock(100.0)
+        board = DecisionBoard(clock=clock)
+        reading = [QueueReading(queue=0.5, in_flight=0.0, at=100.0)]
+        admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="h", default_class="standard",
+                              retry_after_s=5, clock=clock, max_hold_s=600.0, replica_slots=8,
+                              live_queue=lambda: reading[0])
+        await board.publish(Published(serving, 1, 0.0, clock.now(), ready_replicas=1))
+        await board.publish(Published(Decision(replicas=1), 0, None, clock.now(), ready_replicas=0))
+
+        def call(cls: str):
+            return admission.ext_authz(make_mocked_request("GET", "/ext_authz/x", headers={"h": cls}))
+
+        held = [asyncio.ensure_future(call(c)) for c in ["critical"] * 4 + ["standard"] * 2]
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in held)  # no replica Ready: all six wait
+        await board.publish(Published(serving, 1, 0.0, clock.now(), ready_replicas=1))
+        statuses = [(await asyncio.wait_for(task, 5)).status for task in held]
+        for _ in range(4):
+            await call("critical")
+        return statuses, (await call("standard")).status
+
+    released, fresh = asyncio.run(scenario())
+    assert released == [200] * 6
+    assert fresh == 429

@@ -18,7 +18,8 @@ queues. The gateway's hold (scale to zero) is modelled with the shared queue onl
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
 While the top class's own requests in the last second outnumber what the ready slots complete in it
-(`top_outruns`), a guarded class is rejected while that queue is above 0, as the endpoint does.
+(`top_outruns`), a guarded class is rejected while that queue is above 0, as the endpoint does (a request
+released from a hold neither counts nor meets it).
 
 Scale to zero (`max_hold_s` set): a request that arrives while no replica is ready, or while others are
 held, is held at the gateway (`hold.py`) and released as the admission endpoint releases it
@@ -225,8 +226,8 @@ class RequestSim:
         if guard.slots > 0:
             self._per = guard.per_replica(k)
 
-        def admitted(j: int, t: float) -> bool:
-            return self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard)
+        def admitted(j: int, t: float, released: bool = False) -> bool:
+            return self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard, released=released)
 
         def release(t: float) -> None:
             """Held requests leave, in order, as far as the Ready replicas take them."""
@@ -239,7 +240,7 @@ class RequestSim:
                 self.hold_s[j] = t - arr[j]
                 if self.max_hold_s is not None and t - arr[j] > self.max_hold_s:
                     self.hold_s[j], self.dropped[j] = self.max_hold_s, True
-                elif admitted(j, t):
+                elif admitted(j, t, released=True):
                     queue.append(j)
                     left -= 1
 
@@ -335,10 +336,10 @@ class RequestSim:
             self._next_probe = (t // self.probe_s + 1) * self.probe_s
 
     def _admitted(self, j: int, t: float, *, levels: list[float], any_shed: bool, depth: list[float],
-                  guard: Guard) -> bool:
+                  guard: Guard, released: bool = False) -> bool:
         """The shed levels and the saturation guard, as the endpoint answers a request (or a held one on its
         release); an admitted request counts in the endpoint's view of the queue."""
-        if self._prio[j] == 0:
+        if self._prio[j] == 0 and not released:
             self._top_at.append(t)
             self._top_outruns(t, guard)  # keeps only the last second
         if any_shed and self._u[j] < levels[self._prio[j]]:
@@ -347,7 +348,8 @@ class RequestSim:
         if depth[self._prio[j]] < INF:
             seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
                                  slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
-            if seen >= depth[self._prio[j]] or (overrun_rejects(queue=seen) and self._top_outruns(t, guard)):
+            overrun = not released and overrun_rejects(queue=seen) and self._top_outruns(t, guard)
+            if seen >= depth[self._prio[j]] or overrun:
                 self.shed[j] = True
                 return False
         self._since += 1
