@@ -24,7 +24,7 @@ decision). Requests that fit in free slots or are served meanwhile do not count;
 Each endpoint counts only what it admitted: with several controller replicas behind one gateway the
 carried part is low by their number (and never worse than the reading alone).
 
-While the top class's own arrivals in the last second (`OVERRUN_WINDOW_S`) outnumber what the Ready slots
+While the top class's own arrivals in the last second (`TopArrivals`) outnumber what the Ready slots
 complete in it (`top_outruns`), every guarded class is rejected while the queue the endpoint sees is above 0
 (counted, reason "top class outruns the drain"): the guard's depths leave the top class the rest of the SLO's
 queue, which it fills by itself within a second then. With free slots nothing more is rejected. A request
@@ -77,7 +77,7 @@ from autoscaler.clock import Clock, SystemClock
 from autoscaler.release import HeldQueue, Ledger, PerReplica, occupied, per_replica, room
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
-from policies.admission import OVERRUN_WINDOW_S, carried_queue, classify, overrun_rejects, top_outruns
+from policies.admission import TopArrivals, carried_queue, classify, overrun_rejects
 
 # A held request re-checks the board at least this often (its deadline, a decision gone stale).
 HOLD_RECHECK_S = 1.0
@@ -131,8 +131,8 @@ class Admission:
         self._debt: dict[str, float] = {name: 0.0 for name in priorities}
         # when requests were admitted since the latest reading
         self._admitted_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
-        # when requests of the top class were answered, within the last OVERRUN_WINDOW_S
-        self._top_at: deque[float] = deque(maxlen=MAX_TRACKED_ADMISSIONS)
+        # when requests of the top class were answered, within the overrun rule's window
+        self._top = TopArrivals(maxlen=MAX_TRACKED_ADMISSIONS)
 
     def classify(self, raw: str | None) -> str:
         cls, known = classify(raw, self.priorities, default=self.default, unknown=self.unknown)
@@ -155,19 +155,11 @@ class Admission:
                              slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
                              elapsed_s=self.clock.now() - reading.at)
 
-    def _top_outruns(self, decision: Decision) -> bool:
-        """The top class's requests in the last OVERRUN_WINDOW_S outnumber what the Ready slots complete in it."""
-        since = self.clock.now() - OVERRUN_WINDOW_S
-        while self._top_at and self._top_at[0] <= since:
-            self._top_at.popleft()
-        return top_outruns(top_arrivals=len(self._top_at), window_s=OVERRUN_WINDOW_S,
-                           drain_per_s=decision.saturation_drain_per_s)
-
     def rejection(self, cls: str, *, released: bool = False) -> str | None:
         """Why a request of class `cls` is rejected now, or None to admit it (and count it admitted).
         `released`: it was held and the release let it go (the overrun rule leaves it alone)."""
         if self.priorities[cls] >= self.top and not released:
-            self._top_at.append(self.clock.now())
+            self._top.add(self.clock.now())
         reason = self._rejection(cls, released)
         if reason is None:
             self._admitted_at.append(self.clock.now())
@@ -183,7 +175,8 @@ class Admission:
         queue = self.queue(latest.decision) if depth is not None else None
         if depth is not None and queue is not None and queue >= depth:
             return f"saturated: queue {queue:.0f} >= {depth} for {cls}"
-        if depth is not None and not released and overrun_rejects(queue=queue) and self._top_outruns(latest.decision):
+        if (depth is not None and not released and overrun_rejects(queue=queue)
+                and self._top.outruns(self.clock.now(), latest.decision.saturation_drain_per_s)):
             return f"top class outruns the drain: queue {queue:.1f} for {cls}"
         fraction = float(latest.decision.shed.get(cls, 0.0))
         if fraction <= 0.0:

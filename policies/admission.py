@@ -16,6 +16,7 @@ class waits behind, so the endpoint rejects every guarded class while any reques
 from __future__ import annotations
 
 import re
+from collections import deque
 from typing import Mapping
 
 
@@ -42,6 +43,29 @@ def top_outruns(*, top_arrivals: float, window_s: float, drain_per_s: float) -> 
     or a decision that does not say) is never an overrun: the rule only tightens a guard that has a drain to
     compare with. E.g. 60 critical requests in the last second against 53.3 req/s completed: an overrun."""
     return drain_per_s > 0 and window_s > 0 and top_arrivals > drain_per_s * window_s
+
+
+class TopArrivals:
+    """When the top class's requests came, over the last `window_s`: what `top_outruns` counts, kept the same
+    way by the endpoint (on its clock) and the request simulator (on the trace's). `maxlen` bounds the memory
+    should arrivals outrun it (the count is then at most `maxlen`)."""
+
+    def __init__(self, window_s: float = OVERRUN_WINDOW_S, *, maxlen: int | None = None) -> None:
+        self.window_s = window_s
+        self._at: deque[float] = deque(maxlen=maxlen)
+
+    def add(self, t: float) -> None:
+        self._at.append(t)
+        self._trim(t)
+
+    def outruns(self, t: float, drain_per_s: float) -> bool:
+        """`top_outruns` over the requests of the window that ends at `t`."""
+        self._trim(t)
+        return top_outruns(top_arrivals=len(self._at), window_s=self.window_s, drain_per_s=drain_per_s)
+
+    def _trim(self, t: float) -> None:
+        while self._at and self._at[0] <= t - self.window_s:
+            self._at.popleft()
 
 
 def overrun_rejects(*, queue: float | None) -> bool:

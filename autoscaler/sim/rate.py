@@ -46,7 +46,7 @@ from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds, wake_start
 from autoscaler.sim.workload import RateWorkload
-from policies.admission import top_outruns
+from policies.admission import OVERRUN_WINDOW_S, top_outruns
 from policies.queueing import erlang_c
 from policies.types import Sample, Signals
 
@@ -239,7 +239,8 @@ class RateSim:
         the endpoint rejects it while any request waits, which in the fluid is admitting only what the top
         class leaves of the drain."""
         depth = guard.depths(self.classes)
-        if not top_outruns(top_arrivals=top_rate, window_s=1.0, drain_per_s=guard.drain_per_s):
+        if not top_outruns(top_arrivals=top_rate * OVERRUN_WINDOW_S, window_s=OVERRUN_WINDOW_S,
+                           drain_per_s=guard.drain_per_s):
             return depth
         return [0.0 if math.isfinite(d) else d for d in depth]
 

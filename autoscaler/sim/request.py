@@ -57,7 +57,7 @@ from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds, wake_start
 from policies.release import PerReplica, ReleaseOrder, room
 from autoscaler.sim.workload import RequestWorkload
-from policies.admission import OVERRUN_WINDOW_S, carried_queue, overrun_rejects, top_outruns
+from policies.admission import TopArrivals, carried_queue, overrun_rejects
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
@@ -116,7 +116,7 @@ class RequestSim:
         self.probe_s = probe_s
         self._probed = (0, 0, 0.0)  # queue, busy slots, when
         self._since = 0  # admitted since that reading
-        self._top_at: deque[float] = deque()  # when the top class's requests were answered, the last second
+        self._top = TopArrivals()  # when the top class's requests were answered, the last second
         self._next_probe = 0.0
         self.k = concurrency
         self.slo_s = slo_s
@@ -340,27 +340,19 @@ class RequestSim:
         """The shed levels and the saturation guard, as the endpoint answers a request (or a held one on its
         release); an admitted request counts in the endpoint's view of the queue."""
         if self._prio[j] == 0 and not released:
-            self._top_at.append(t)
-            self._top_outruns(t, guard)  # keeps only the last second
+            self._top.add(t)
         if any_shed and self._u[j] < levels[self._prio[j]]:
             self.shed[j] = True
             return False
         if depth[self._prio[j]] < INF:
             seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
                                  slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
-            overrun = not released and overrun_rejects(queue=seen) and self._top_outruns(t, guard)
+            overrun = not released and overrun_rejects(queue=seen) and self._top.outruns(t, guard.drain_per_s)
             if seen >= depth[self._prio[j]] or overrun:
                 self.shed[j] = True
                 return False
         self._since += 1
         return True
-
-    def _top_outruns(self, t: float, guard: Guard) -> bool:
-        """The top class's requests in the last OVERRUN_WINDOW_S before `t` outnumber the ready drain's."""
-        top_at = self._top_at
-        while top_at and top_at[0] <= t - OVERRUN_WINDOW_S:
-            top_at.popleft()
-        return top_outruns(top_arrivals=len(top_at), window_s=OVERRUN_WINDOW_S, drain_per_s=guard.drain_per_s)
 
     def _completed_service(self, now: float, window: float) -> Sample | None:
         """The mean service time of the requests completed in the last `window` (as vLLM's inference-time
