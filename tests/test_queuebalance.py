@@ -42,3 +42,29 @@ def test_the_command_prints_a_row_per_rate_and_rejects_bad_rates(capsys):
         queuebalance.main(["--rates", "20,-1"])
     assert exc.value.code == 2
     assert "rates must be positive" in capsys.readouterr().err
+
+
+def test_slots_kept_for_the_top_class_cut_its_late_share_and_reject_the_lower_classes():
+    """Trunk reservation behind least connections: one slot kept for critical makes far fewer critical
+    requests wait past the SLO, and the lower classes pay in rejections, where one pooled queue rejects no one
+    and makes critical wait less still."""
+    common = dict(rate_per_s=22.0, servers=4, slots=8, service_s=1.0, slo_s=0.2, requests=60_000, seed=1)
+    late, rejected = queuebalance.outcomes(**common)
+    kept_late, kept_rejected = queuebalance.outcomes(reserve=1, **common)
+    assert late == queuebalance.late_shares(**common) and set(rejected.values()) == {0.0}
+    assert kept_late["critical"] < late["critical"] / 3
+    assert kept_rejected["critical"] == 0.0
+    assert min(kept_rejected["standard"], kept_rejected["sheddable"]) > 0.005
+    pooled = queuebalance.late_shares(**{**common, "servers": 1, "slots": 32})
+    assert pooled["critical"] < kept_late["critical"]
+
+
+def test_the_command_prints_the_reserve_column_and_refuses_a_reserve_of_every_slot(capsys):
+    assert queuebalance.main(["--rates", "22", "--requests", "5000", "--reserve", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("the same keeping 2 slots for critical: late / rejected")
+    assert out[1].count("|") == 1 and out[1].split("|")[1].count("/") == 3
+    with pytest.raises(SystemExit) as exc:
+        queuebalance.main(["--reserve", "32"])
+    assert exc.value.code == 2
+    assert "leaves no slot of 32" in capsys.readouterr().err
