@@ -96,7 +96,7 @@ def test_nginx_sheds_exactly_the_fraction_of_the_lowest_class(gateway):
     sheddable = [get(f"{url}/metrics", "sheddable") for _ in range(40)]
     assert sum(1 for s, _ in sheddable if s == 429) == 20
     denied = next(h for s, h in sheddable if s == 429)
-    assert denied["Retry-After"] == "7"
+    assert denied["Retry-After"] == "7" and denied["X-Shed-Reason"] == "shedding 50% of sheddable"
     assert all(get(f"{url}/metrics", p)[0] == 200 for p in ("critical", "standard", "5", "0", None))
     # Gateway API integers: below 0 is sheddable
     assert sum(1 for _ in range(10) if get(f"{url}/metrics", "-3")[0] == 429) == 5
@@ -108,7 +108,8 @@ def test_saturation_guard_rejects_guarded_classes_never_the_highest(gateway):
     assert get(f"{url}/metrics", "sheddable")[0] == 429
     assert get(f"{url}/metrics", "standard")[0] == 200
     publish(thread, board, depths={"sheddable": 10, "standard": 20}, queue=25)
-    assert get(f"{url}/metrics", "standard")[0] == 429
+    status, headers = get(f"{url}/metrics", "standard")
+    assert status == 429 and headers["X-Shed-Reason"] == "saturated: queue 25 >= 20 for standard"
     assert get(f"{url}/metrics", "critical")[0] == 200
 
 

@@ -108,6 +108,7 @@ def test_nginx_answers_503_with_retry_after_when_nothing_becomes_ready(stack):
     status, headers = get(f"{url}/v1/completions", "critical", COMPLETION)
     waited_s = time.monotonic() - started
     assert status == 503 and headers["Retry-After"] == "7"
+    assert headers["X-Shed-Reason"].startswith("no replica Ready after")
     assert MAX_HOLD_S <= waited_s < MAX_HOLD_S + 2.0
     assert ("critical", "hold_expired") in stack["results"] and board.held_requests == 0
 
