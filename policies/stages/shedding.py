@@ -34,12 +34,6 @@ in a server that serves first come first served. On
 critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth in
 front of it.
 
-Behind per-replica gateway queues (`gateway_queues: per-replica`: nginx's least_conn commits each request to one
-server) a highest-class request that finds every slot busy waits for its own server's next completion, so the
-stage also sizes the Ready slots the endpoint keeps free for it (`top_reserve`, `policies/reserve.py`): the
-guarded classes are rejected while all but those are busy. 0 with shared queues, and whenever the queue
-without a reserve already keeps the highest class within the sizing target.
-
 The guard lasts at most a start-up plus a node's provisioning from the return (`returning_guard_s`): the
 longest a replica ordered at the return takes to be Ready, so capacity that comes later than the policy
 reckons does not keep it for good. Not the tick's lead time: that is for a replica ordered now,
@@ -49,6 +43,12 @@ minute 2.4 after it, a lead time of 550 s (140 s start-up + 410 s for a node); 6
 pool's placeholders were Ready, the lead time fell to 140 s and the guard, which then lasted one lead time
 of each tick, ended 1.1 and 2.5 minutes before the ordered replicas were Ready; a critical request waited
 3.02 s behind standard ones meanwhile. Now it lasts until the 7 are Ready (8.7 minutes), within 550 s.
+
+Behind per-replica gateway queues (`gateway_queues: per-replica`: nginx's least_conn commits each request to one
+server) a highest-class request that finds every slot busy waits for its own server's next completion, so the
+stage also sizes the Ready slots the endpoint keeps free for it (`top_reserve`, `policies/reserve.py`): the
+guarded classes are rejected while all but those are busy. 0 with shared queues, and whenever the queue
+without a reserve already keeps the highest class within the sizing target.
 """
 
 from __future__ import annotations
