@@ -41,18 +41,26 @@ def test_probe_sums_pods_drives_the_guard_and_never_reports_partial_sums():
                 admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p", default_class="standard",
                                       retry_after_s=1, live_queue=probe.reading, clock=clock)
                 verdicts = {c: admission.rejection(c) for c in PRIORITY_CLASSES}
-                pods.pods["dead"] = f"http://127.0.0.1:{free_port()}/metrics"
+                pods.pods["starting"] = f"http://127.0.0.1:{free_port()}/metrics"
                 probe._endpoints_at = None
+                await clock.advance(0.1)
+                await probe.sample_once()  # a pod that refuses the connection serves nothing: it counts 0
+                refused = probe.reading()
+                post_json(f"{a}/admin/state", {"waiting": 40})
+                pods.pods["broken"] = f"{b}/no-metrics-here"  # answers 404
+                probe._endpoints_at = None
+                await clock.advance(0.1)
                 await probe.sample_once()  # one pod unreadable: no partial sum is published
-                kept = probe.reading().queue
+                kept = probe.reading()
                 await clock.advance(0.7)  # three intervals on, the last good reading is too old to use
-                return unknown, total, verdicts, kept, probe.reading()
+                return unknown, total, verdicts, refused, kept, probe.reading()
 
-        unknown, total, verdicts, kept, stale = asyncio.run(go())
+        unknown, total, verdicts, refused, kept, stale = asyncio.run(go())
     assert unknown is None and total == 55
     assert verdicts["sheddable"] is not None and "saturated" in verdicts["sheddable"]
     assert verdicts["standard"] is None and verdicts["critical"] is None
-    assert kept == 55 and stale is None
+    assert refused.queue == 55 and refused.at == 100.1
+    assert kept is refused and stale is None  # the 404 published nothing: the reading before it stays
 
 
 def test_between_readings_the_guard_counts_its_own_admissions():

@@ -2,10 +2,12 @@
 
 The loop reads the queue once per tick (15 s), too coarse for a burst that builds a queue in seconds. This
 probe scrapes the model pods' queue gauge (and, when the server has one, the running-requests gauge, from
-the same read) every `interval_s` (1 s; a /metrics read is cheap) and sums them over pods. If any pod
-cannot be read, or the last good reading is older than three intervals, the probe says it does not know
-(None) rather than report a partial sum, and the admission endpoint falls back to the tick's value. The
-pod list is refreshed every `refresh_s`.
+the same read) every `interval_s` (1 s; a /metrics read is cheap) and sums them over pods. A pod that refuses
+the connection (nothing listens at its address: a server not started yet behind a Ready pod, or one gone)
+serves nothing and counts 0 waiting and 0 running. If any other pod cannot be read (a timeout, an error
+answer), or the last good reading is older than three intervals, the probe says it does not know (None)
+rather than report a partial sum, and the admission endpoint falls back to the tick's value. The pod list
+is refreshed every `refresh_s`, and at once after a read that failed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import aiohttp
 
 from autoscaler.clock import Clock
 from autoscaler.errors import EdgeError
-from autoscaler.signals.scrape import PodEndpoints, fetch_metrics
+from autoscaler.signals.scrape import PodEndpoints, Refused, fetch_metrics
 
 
 # A reading more than three intervals old (three probes missed in a row) is no longer the live queue.
@@ -66,6 +68,9 @@ class QueueProbe:
         for reading in readings:
             if isinstance(reading, asyncio.CancelledError):
                 raise reading
+            if isinstance(reading, Refused):  # nothing listens there: it serves nothing
+                self._endpoints_at = None  # and the list is re-read next time (it may be gone)
+                reading = {self.metric: 0.0, **({self.in_flight_metric: 0.0} if self.in_flight_metric else {})}
             if isinstance(reading, BaseException) or self.metric not in reading:
                 self._endpoints_at = None  # re-list next time: a pod may have gone
                 return  # unknown: no partial sums

@@ -55,6 +55,11 @@ class KubePodEndpoints:
         return out
 
 
+class Refused(TransientError):
+    """The pod refused the connection: nothing listens at its address (a server not started yet, or gone), so
+    it serves no request."""
+
+
 async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> dict[str, float]:
     """One pod's /metrics, as sample name -> value summed over label sets."""
     try:
@@ -64,6 +69,10 @@ async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: aioht
             text = await response.text()
     except asyncio.TimeoutError:
         raise TransientError(f"scrape {url}: timed out", kind="scrape_failed") from None
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            raise Refused(f"scrape {url}: connection refused", kind="scrape_failed") from None
+        raise TransientError(f"scrape {url}: {exc}", kind="scrape_failed") from None
     except aiohttp.ClientError as exc:
         raise TransientError(f"scrape {url}: {exc}", kind="scrape_failed") from None
     try:
