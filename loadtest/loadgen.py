@@ -6,9 +6,10 @@ and records what became of every one.
 Each request line: `{"i", "t_s", "class", "input_tokens", "output_tokens"}` (time at factor 1). Request i is
 sent at t_s / factor after the start whatever happened to the others (open loop: a slow server does not
 slow the offered load), as an OpenAI completion with the priority header. Each record line:
-`{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "retry_after", "error"}`, times at
+`{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "retry_after", "shed_reason", "error"}`, times at
 factor 1: `queue_s` is the server's `x-queue-seconds` (time waiting for a slot), `latency_s` the whole
-exchange, `retry_after` the answer's Retry-After header (None without one); status 429 is a request the
+exchange, `retry_after` the answer's Retry-After header (None without one), `shed_reason` its X-Shed-Reason
+(why the admission endpoint rejected it; None without one); status 429 is a request the
 gateway shed, 503 with Retry-After one it held for a replica that did not come within the hold; status 0
 with an error is a request that got no answer.
 
@@ -70,7 +71,7 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
     sent = time.monotonic()
     record = {"i": request.i, "class": request.cls, "sent_s": (sent - start) * factor,
               "late_s": max(0.0, (sent - start) * factor - request.t_s), "status": 0, "queue_s": None,
-              "latency_s": None, "retry_after": None, "error": None}
+              "latency_s": None, "retry_after": None, "shed_reason": None, "error": None}
     body = completion_body(request, priority_in_body=priority_in_body)
     headers = {PRIORITY_HEADER: request.cls, **({MODEL_HEADER: model} if model else {})}
     try:
@@ -79,6 +80,7 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
             await response.read()
             record["status"] = response.status
             record["retry_after"] = response.headers.get("Retry-After")
+            record["shed_reason"] = response.headers.get("X-Shed-Reason")
             queued = response.headers.get("x-queue-seconds")
             if queued is not None:
                 record["queue_s"] = float(queued) * factor

@@ -567,3 +567,19 @@ def test_a_free_gpu_beside_a_placeholder_on_its_node_is_free_room():
     assert _first(lifetimes) == {}
     lifetimes[("model", "code-1")] = _replica("code", created=30, node="n-2", placed=31)
     assert _first(lifetimes) == {"models": [TOP], "t_s": 550.0}
+
+
+def test_fleettrace_counts_the_429s_by_the_endpoints_reason():
+    from loadtest.e2e.fleettrace import shed_reasons
+
+    records = [
+        {"class": "standard", "status": 429, "shed_reason": "keeping 2 of 8 slots for the top class: 7 busy, standard"},
+        {"class": "standard", "status": 429, "shed_reason": "keeping 1 of 24 slots for the top class: 23 busy, standard"},
+        {"class": "sheddable", "status": 429, "shed_reason": "shedding 25% of sheddable"},
+        {"class": "sheddable", "status": 429},  # a record from before the reason was kept
+        {"class": "standard", "status": 200, "shed_reason": None},
+    ]
+    assert shed_reasons(records) == {
+        "sheddable": {"shedding N of sheddable": 1, "unknown": 1},
+        "standard": {"keeping N of N slots for the top class": 2},
+    }

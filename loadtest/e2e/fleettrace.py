@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -107,6 +108,18 @@ def late_requests(records: list[dict], timeline: list[dict], *, key: str, slo_s:
     return out
 
 
+def shed_reasons(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per class, how many requests the gateway answered 429 for each of the endpoint's reasons (its
+    X-Shed-Reason with the figures left out: "keeping N of N slots for the top class"); a record from before
+    the load generator kept the reason counts as "unknown"."""
+    out: dict[str, Counter] = {}
+    for r in records:
+        if r.get("status") == 429:
+            reason = re.sub(r"[0-9]+(\.[0-9]+)?%?", "N", (r.get("shed_reason") or "unknown").split(":")[0])
+            out.setdefault(r["class"], Counter())[reason] += 1
+    return {cls: dict(sorted(c.items())) for cls, c in sorted(out.items())}
+
+
 def trace(out: Path, *, started: float | None = None) -> dict:
     doc = json.loads((out / "result.json").read_text())
     scenario = SCENARIOS[doc["scenario"]]
@@ -118,8 +131,9 @@ def trace(out: Path, *, started: float | None = None) -> dict:
         raise SystemExit(f"{out}: no started_unix_s in result.json and no pod Ready in a sample: pass --started")
     late = {m.key: late_requests(_jsonl(out / f"records-{m.namespace}.jsonl"), timeline, key=m.key,
                                  slo_s=config.slo_s, concurrency=config.concurrency) for m in scenario.models}
+    shed = {m.key: shed_reasons(_jsonl(out / f"records-{m.namespace}.jsonl")) for m in scenario.models}
     # a run before lifetimes.jsonl (run 19 and earlier) has no pooled attribution to recompute
-    return {"started_unix_s": started, "slo_s": config.slo_s, "late": late,
+    return {"started_unix_s": started, "slo_s": config.slo_s, "late": late, "shed": shed,
             "pooled": pooled(doc, lifetimes, _jsonl(out / "events.jsonl"), started=started) if lifetimes else None}
 
 
@@ -139,6 +153,10 @@ def render(result: dict) -> str:
         first = p["first_needing_pool"]
         lines.append(f"first needing the pool: {first.get('models')} at {first.get('t_s')} s; check "
                      f"{'passes' if p['passed'] else 'fails'}")
+    for key, by_class in result.get("shed", {}).items():
+        lines.append(f"{key}: answered 429 by reason: " + ("; ".join(
+            f"{cls} " + ", ".join(f"{why!r} {n}" for why, n in reasons.items()) for cls, reasons in by_class.items())
+            or "none"))
     for key, rows in result["late"].items():
         lines.append(f"{key}: {len(rows)} critical request(s) waited past {result['slo_s']:g} s")
         lines += [f"  sent at minute {r['sent_min']}, waited {r['wait_s']} s; {r['in_flight']} in flight (itself "
