@@ -572,9 +572,10 @@ def test_a_free_gpu_beside_a_placeholder_on_its_node_is_free_room():
 def test_fleettrace_counts_the_429s_by_the_endpoints_reason():
     from loadtest.e2e.fleettrace import shed_reasons
 
+    kept = "keeping {} of {} slots for the top class: {} busy, standard"
     records = [
-        {"class": "standard", "status": 429, "shed_reason": "keeping 2 of 8 slots for the top class: 7 busy, standard"},
-        {"class": "standard", "status": 429, "shed_reason": "keeping 1 of 24 slots for the top class: 23 busy, standard"},
+        {"class": "standard", "status": 429, "shed_reason": kept.format(2, 8, 7)},
+        {"class": "standard", "status": 429, "shed_reason": kept.format(1, 24, 23)},
         {"class": "sheddable", "status": 429, "shed_reason": "shedding 25% of sheddable"},
         {"class": "sheddable", "status": 429},  # a record from before the reason was kept
         {"class": "standard", "status": 200, "shed_reason": None},
