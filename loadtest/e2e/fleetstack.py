@@ -87,10 +87,7 @@ def fleet_controller_config(config: E2EConfig, models: tuple[FleetModel, ...], *
         "policy": {"tick_s": config.tick_s / f},
         "capacity": {"max_gpus": config.gpu_limit},
         "warm_pool": {"enabled": True, "priority_class": PLACEHOLDER_CLASS},
-        # each model's endpoint probes its pods' queue and running requests (the product's default, and what the
-        # twin's request simulator assumes): the saturation guard and the overrun rule act on it, carried forward
-        # between readings (without it they read the tick's queue)
-        "admission": {"port": admission_port, "queue_probe_interval_s": config.probe_s / f},
+        "admission": {"port": admission_port, "queue_probe_interval_s": None},
         "leader_election": {"lease_duration_s": 15.0 / f, "renew_deadline_s": 10.0 / f, "retry_period_s": 2.0 / f},
     }
 
