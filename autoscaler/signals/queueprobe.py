@@ -68,9 +68,9 @@ class QueueProbe:
         for reading in readings:
             if isinstance(reading, asyncio.CancelledError):
                 raise reading
-            if isinstance(reading, Refused):  # nothing listens there: it serves nothing
+            if isinstance(reading, Refused):  # nothing listens there: it serves nothing, adds 0 to both sums
                 self._endpoints_at = None  # and the list is re-read next time (it may be gone)
-                reading = {self.metric: 0.0, **({self.in_flight_metric: 0.0} if self.in_flight_metric else {})}
+                continue
             if isinstance(reading, BaseException) or self.metric not in reading:
                 self._endpoints_at = None  # re-list next time: a pod may have gone
                 return  # unknown: no partial sums

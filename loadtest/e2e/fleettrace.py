@@ -129,9 +129,10 @@ def trace(out: Path, *, started: float | None = None) -> dict:
     started = started or doc.get("started_unix_s") or started_from_samples(lifetimes, timeline, factor=doc["factor"])
     if lifetimes and started is None:
         raise SystemExit(f"{out}: no started_unix_s in result.json and no pod Ready in a sample: pass --started")
-    late = {m.key: late_requests(_jsonl(out / f"records-{m.namespace}.jsonl"), timeline, key=m.key,
-                                 slo_s=config.slo_s, concurrency=config.concurrency) for m in scenario.models}
-    shed = {m.key: shed_reasons(_jsonl(out / f"records-{m.namespace}.jsonl")) for m in scenario.models}
+    records = {m.key: _jsonl(out / f"records-{m.namespace}.jsonl") for m in scenario.models}
+    late = {key: late_requests(rows, timeline, key=key, slo_s=config.slo_s, concurrency=config.concurrency)
+            for key, rows in records.items()}
+    shed = {key: shed_reasons(rows) for key, rows in records.items()}
     # a run before lifetimes.jsonl (run 19 and earlier) has no pooled attribution to recompute
     return {"started_unix_s": started, "slo_s": config.slo_s, "late": late, "shed": shed,
             "pooled": pooled(doc, lifetimes, _jsonl(out / "events.jsonl"), started=started) if lifetimes else None}
