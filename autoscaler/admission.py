@@ -31,6 +31,13 @@ queue, which it fills by itself within a second then. With free slots nothing mo
 released from a hold neither counts in the window nor meets the rule: the release already paced it to the
 room the Ready replicas have.
 
+Behind per-replica gateway queues the decision may keep slots free for the top class
+(`saturation_reserve`, `policies/reserve.py`): a guarded class is also rejected while the requests in the
+servers (the probe's queue and running requests, carried forward with this endpoint's admissions and the
+Ready slots' completions) number at least the Ready slots less the reserve (reason "keeping R of C slots for
+the top class"). A reading without in-flight requests rejects nothing by this rule (fail open), nor does a
+request released from a hold (the release paced it to the room the Ready replicas have).
+
 Scale to zero: while the latest fresh decision comes with 0 Ready replicas (the model at zero, or waking:
 replicas ordered, none Ready yet; valid or not, since an admitted request would reach no replica), or is a
 valid 0 with the Ready count known (going to zero: the last replica drains its in-flight requests and must get
@@ -77,7 +84,7 @@ from autoscaler.clock import Clock, SystemClock
 from autoscaler.release import HeldQueue, Ledger, PerReplica, occupied, per_replica, room
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Decision
-from policies.admission import TopArrivals, carried_queue, classify, overrun_rejects
+from policies.admission import TopArrivals, carried_queue, classify, overrun_rejects, reserve_rejects
 
 # A held request re-checks the board at least this often (its deadline, a decision gone stale).
 HOLD_RECHECK_S = 1.0
@@ -155,6 +162,15 @@ class Admission:
                              slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
                              elapsed_s=self.clock.now() - reading.at)
 
+    def busy(self, decision: Decision) -> float | None:
+        """The requests in the servers now, served or queued: the latest reading carried forward with this
+        endpoint's admissions and the Ready slots' completions; None without an in-flight reading."""
+        reading = self.live_queue()
+        if not isinstance(reading, QueueReading) or reading.in_flight is None:
+            return None
+        return occupied(queue=reading.queue, in_flight=reading.in_flight, admitted=self._admitted_since(reading),
+                        drain_per_s=decision.saturation_drain_per_s, elapsed_s=self.clock.now() - reading.at)
+
     def rejection(self, cls: str, *, released: bool = False) -> str | None:
         """Why a request of class `cls` is rejected now, or None to admit it (and count it admitted).
         `released`: it was held and the release let it go (the overrun rule leaves it alone)."""
@@ -175,6 +191,11 @@ class Admission:
         queue = self.queue(latest.decision) if depth is not None else None
         if depth is not None and queue is not None and queue >= depth:
             return f"saturated: queue {queue:.0f} >= {depth} for {cls}"
+        reserve, slots = latest.decision.saturation_reserve, latest.decision.saturation_slots
+        if depth is not None and reserve > 0 and not released:  # a release is paced to the room already
+            busy = self.busy(latest.decision)
+            if reserve_rejects(busy=busy, slots=slots, reserve=reserve):
+                return f"keeping {reserve} of {slots} slots for the top class: {busy:.0f} busy, {cls}"
         if (depth is not None and not released and overrun_rejects(queue=queue)
                 and self._top.outruns(self.clock.now(), latest.decision.saturation_drain_per_s)):
             return f"top class outruns the drain: queue {queue:.1f} for {cls}"

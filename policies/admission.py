@@ -11,6 +11,10 @@ A burst can also outrun the guard: its depths leave the top class the queue from
 which the top class fills within a second once its own arrivals come faster than the ready slots complete
 requests. While they do (`top_outruns`), every request of a guarded class that would queue is one the top
 class waits behind, so the endpoint rejects every guarded class while any request waits (`overrun_rejects`).
+
+Behind per-replica gateway queues the decision may also keep slots free for the top class
+(`Decision.saturation_reserve`, sized in `policies/reserve.py`): a guarded class is rejected while the requests
+in the servers, served or queued, number at least the Ready slots less the reserve (`reserve_rejects`).
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ def overrun_rejects(*, queue: float | None) -> bool:
     the endpoint sees above 0): admitted, it would queue ahead of the top class's next requests. With free
     slots (no queue) it is admitted as before; an unknown queue rejects nothing (fail open)."""
     return queue is not None and queue > 0
+
+
+def reserve_rejects(*, busy: float | None, slots: int, reserve: int) -> bool:
+    """Whether a guarded class is rejected to keep `reserve` of the Ready `slots` free for the top class: the
+    requests in the servers (`busy`: a probe reading of queue + running carried forward, `release.occupied`)
+    number at least `slots` - `reserve`. No reserve, or nothing known of the requests running (a reading
+    without in-flight): nothing (fail open). E.g. 31 busy of 32 slots with 1 kept: rejected."""
+    return reserve > 0 and busy is not None and busy >= slots - reserve
 
 
 # Gateway API priorities are 32-bit integers (InferenceObjective.priority): anything wider is not a priority,

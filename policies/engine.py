@@ -109,6 +109,7 @@ def _decision(spec: PolicySpec, tick: Tick) -> tuple[Decision, PolicyState]:
         saturation_queue_depth=tick.saturation_depths,
         saturation_slots=ready_slots,
         saturation_drain_per_s=round(ready_slots / tick.service_s, 3),
+        saturation_reserve=tick.saturation_reserve,
         forecast_rate_per_s=tick.predicted[0] if tick.predicted else None,
         forecast_upper_rate_per_s=tick.predicted[1] if tick.predicted else None,
         lead_time_s=tick.lead_s,

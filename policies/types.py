@@ -225,6 +225,9 @@ class Decision:
     # the requests/s they complete (slots / mean service time).
     saturation_slots: int = 0
     saturation_drain_per_s: float = 0.0
+    # Slots kept free for the highest priority (per-replica gateway queues, policies/reserve.py): a guarded
+    # priority is also rejected while the requests in the servers number at least saturation_slots less this.
+    saturation_reserve: int = 0
     forecast_rate_per_s: float | None = None
     forecast_upper_rate_per_s: float | None = None
     lead_time_s: float | None = None
@@ -276,6 +279,7 @@ class Tick:
     capped: bool = False  # budget
     shed: Mapping[str, float] = field(default_factory=dict)  # shedding
     saturation_depths: Mapping[str, int] = field(default_factory=dict)  # shedding
+    saturation_reserve: int = 0  # shedding: slots kept for the top class
     reasons: tuple[str, ...] = ()
 
     def then(self, lines: Iterable[str] = (), **changes: Any) -> "Tick":

@@ -15,10 +15,12 @@ class Guard:
     depth: Mapping[str, int] = field(default_factory=dict)  # per class: rejected while the queue is this deep
     slots: int = 0  # ready slots, and the requests/s they complete: how the endpoint carries a reading
     drain_per_s: float = 0.0
+    reserve: int = 0  # slots kept for the top class: the guarded classes rejected while slots - reserve are busy
 
     @classmethod
     def of(cls, decision: Decision) -> "Guard":
-        return cls(dict(decision.saturation_queue_depth), decision.saturation_slots, decision.saturation_drain_per_s)
+        return cls(dict(decision.saturation_queue_depth), decision.saturation_slots, decision.saturation_drain_per_s,
+                   decision.saturation_reserve)
 
     def depths(self, classes: tuple[str, ...]) -> list[float]:
         """Per class, in the order given; infinite for a class never guarded."""

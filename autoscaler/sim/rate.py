@@ -16,7 +16,9 @@ Per tick of length dt, with the window's rate lambda, squared inter-arrival CV c
   is above the class's depth (the admission endpoint's probe reading carried forward with its own
   admissions is B in the fluid), so a backlog above the depth drains while the class is rejected; on a
   tick whose top-class rate alone outruns the decision's drain, every guarded class's depth is 0 (the
-  endpoint's overrun rule, `policies.admission.top_outruns`, read on the tick's mean rate);
+  endpoint's overrun rule, `policies.admission.top_outruns`, read on the tick's mean rate), and so it is
+  while slots are kept for the top class (`Guard.reserve`), which also rejects the guarded classes with
+  the M/M/c probability of the reserve's slots being all that is free (`_reserve_share`);
 - with no fluid backlog, the M/M/c queueing wait: P(W > t) = C_eff exp(-(c - a) t / S), where C_eff
   relaxes towards the stationary Erlang C(c, a) with the queue's relaxation time
   tau ~ S / (c (1 - sqrt(rho))^2) (first order, carried across ticks): a queue near rho = 1 with
@@ -135,6 +137,25 @@ def _guarded_tail(*, c_eff: float, rho: float, rates: Sequence[float], depth: Se
     return tail
 
 
+def _reserve_share(*, c_wait: float, slots: float, offered: float, reserve: int) -> float:
+    """P(n >= c - r) in M/M/c, from its probability of waiting P(n >= c) = `c_wait` (the tick's, relaxing
+    towards Erlang C): the states c - j (j = 1..r) weigh pi(c) (c)(c - 1)...(c - j + 1) / a^j, pi(c) being
+    c_wait (1 - rho). The share of a guarded class rejected to keep `reserve` slots for the top class, in the
+    one pooled queue this simulator has: it counts what the reserve costs the lower classes, not what it
+    spares the top class behind per-replica queues (`policies/reserve.py`), which a pooled queue does not
+    have; nor that the rejected requests lower the load above c - r, so it is an upper estimate of that cost
+    (`policies.reserve.top_waits` is the chain with that). E.g. c = 32, a = 22, C = 0.031, r = 1:
+    0.031 (1 + (10/32) (32/22)) = 0.045 (the chain: 0.017)."""
+    if offered <= 0 or slots <= 0:
+        return 0.0
+    rho = offered / slots
+    weight, total = 1.0, 0.0
+    for j in range(min(reserve, int(slots))):
+        weight *= (slots - j) / offered
+        total += weight
+    return min(1.0, c_wait * (1.0 + (1.0 - rho) * total))
+
+
 def _beyond(start: list[float], ratios: list[float], bounds: list[float], i: int) -> float:
     """The chain's weight of every queue length from bounds[i] on."""
     total = 0.0
@@ -237,10 +258,11 @@ class RateSim:
         """The guard's depths per class; while the top class's rate this tick outruns the decision's drain
         (`top_outruns`, the tick's mean standing for the endpoint's last second), 0 for every guarded class:
         the endpoint rejects it while any request waits, which in the fluid is admitting only what the top
-        class leaves of the drain."""
+        class leaves of the drain. With slots kept for the top class (`Guard.reserve`), 0 as well: a guarded
+        class is rejected before every slot is busy, so never while a request waits."""
         depth = guard.depths(self.classes)
-        if not top_outruns(top_arrivals=top_rate * OVERRUN_WINDOW_S, window_s=OVERRUN_WINDOW_S,
-                           drain_per_s=guard.drain_per_s):
+        if guard.reserve <= 0 and not top_outruns(top_arrivals=top_rate * OVERRUN_WINDOW_S, window_s=OVERRUN_WINDOW_S,
+                                                  drain_per_s=guard.drain_per_s):
             return depth
         return [0.0 if math.isfinite(d) else d for d in depth]
 
@@ -299,6 +321,9 @@ class RateSim:
             # P(W > SLO) = C exp(-theta SLO) at q = theta SLO / -ln(rho)
             q_slo = theta * self.slo_s / -math.log(rho) if 0.0 < rho < 1.0 else 0.0
             top = 1.0 - tail(q_slo)
+            if guard is not None and guard.reserve > 0:  # also rejected in the reserve's free slots
+                kept = _reserve_share(c_wait=c_wait, slots=slots, offered=offered, reserve=guard.reserve)
+                reject = [max(r, kept) if g else r for r, g in zip(reject, guarded)]
             no_backlog = [1.0 - r if g else top for r, g in zip(reject, guarded)]
         met = [0.0] * n
         last: list[float] | None = None

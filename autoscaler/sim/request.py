@@ -19,7 +19,10 @@ The saturation guard sees the queue as the admission endpoint does: read every `
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
 While the top class's own requests in the last second outnumber what the ready slots complete in it
 (`top_outruns`), a guarded class is rejected while that queue is above 0, as the endpoint does (a request
-released from a hold neither counts nor meets it).
+released from a hold neither counts nor meets it). With slots kept for the top class (`Guard.reserve`), a
+guarded class is also rejected while the requests in the servers, the same reading's queue and busy slots
+carried forward (`policies.release.occupied`), number at least the ready slots less the reserve (not for a
+request released from a hold either).
 
 Scale to zero (`max_hold_s` set): a request that arrives while no replica is ready, or while others are
 held, is held at the gateway (`hold.py`) and released as the admission endpoint releases it
@@ -55,9 +58,9 @@ from autoscaler.sim.cluster import Cluster
 from autoscaler.sim.dispatch import DISPATCHES, Dispatch, LeastConn
 from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds, wake_start
-from policies.release import PerReplica, ReleaseOrder, room
+from policies.release import PerReplica, ReleaseOrder, occupied, room
 from autoscaler.sim.workload import RequestWorkload
-from policies.admission import TopArrivals, carried_queue, overrun_rejects
+from policies.admission import TopArrivals, carried_queue, overrun_rejects, reserve_rejects
 from policies.types import Sample, Signals
 
 RATE_WINDOW_S = 60.0
@@ -348,11 +351,20 @@ class RequestSim:
             seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
                                  slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
             overrun = not released and overrun_rejects(queue=seen) and self._top.outruns(t, guard.drain_per_s)
-            if seen >= depth[self._prio[j]] or overrun:
+            if seen >= depth[self._prio[j]] or overrun or (not released and self._reserved(t, guard)):
                 self.shed[j] = True
                 return False
         self._since += 1
         return True
+
+    def _reserved(self, t: float, guard: Guard) -> bool:
+        """The slots kept for the top class are all that is free: the reading's queue and busy slots, carried
+        forward with the admissions since and the ready slots' completions, as the endpoint counts them."""
+        if guard.reserve <= 0:
+            return False
+        busy = occupied(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
+                        drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
+        return reserve_rejects(busy=busy, slots=guard.slots, reserve=guard.reserve)
 
     def _completed_service(self, now: float, window: float) -> Sample | None:
         """The mean service time of the requests completed in the last `window` (as vLLM's inference-time

@@ -43,6 +43,12 @@ minute 2.4 after it, a lead time of 550 s (140 s start-up + 410 s for a node); 6
 pool's placeholders were Ready, the lead time fell to 140 s and the guard, which then lasted one lead time
 of each tick, ended 1.1 and 2.5 minutes before the ordered replicas were Ready; a critical request waited
 3.02 s behind standard ones meanwhile. Now it lasts until the 7 are Ready (8.7 minutes), within 550 s.
+
+Behind per-replica gateway queues (`gateway_queues: per-replica`: nginx's least_conn commits each request to one
+server) a highest-class request that finds every slot busy waits for its own server's next completion, so the
+stage also sizes the Ready slots the endpoint keeps free for it (`top_reserve`, `policies/reserve.py`): the
+guarded classes are rejected while all but those are busy. 0 with shared queues, and whenever the queue
+without a reserve already keeps the highest class within the sizing target.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policies.queueing import rate_within_slo
+from policies.reserve import reserve_slots
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.types import Clean, Tick
@@ -123,8 +130,32 @@ def returning_guard_s(tick: Tick) -> float:
     return tick.startup_s + tick.node_s
 
 
+def top_reserve(spec: PolicySpec, clean: Clean, service_s: float, shed: Mapping[str, float],
+                depths: Mapping[str, int]) -> tuple[int, list[str]]:
+    """Slots the admission endpoint keeps free for the top class behind per-replica gateway queues
+    (`policies/reserve.py`), sized at the measured rates less what is shed, at most one replica's slots; 0
+    with shared gateway queues (a top-class request waits for any slot there), with no guarded class, or
+    without per-class rates."""
+    cluster, rates = clean.cluster, clean.arrival_rate_by_priority
+    if spec.gateway_queues != "per-replica" or not depths or cluster is None or not rates:
+        return 0, []
+    top = max(spec.priorities, key=spec.priorities.__getitem__)
+    slots = cluster.ready_replicas * spec.replica_concurrency
+    admitted = sum(rate * (1.0 - shed.get(name, 0.0)) for name, rate in rates.items())
+    reserve = reserve_slots(slots=slots, server_slots=spec.replica_concurrency, rate_per_s=admitted,
+                            top_rate_per_s=rates.get(top, 0.0), service_s=service_s, wait_s=spec.slo_queue_wait_s,
+                            miss=spec.slo_miss_target_ratio, max_reserve=spec.replica_concurrency)
+    if reserve == 0:
+        return 0, []
+    return reserve, [f"shedding: {reserve} of {slots} Ready slots kept for {top} ({admitted:.1f} req/s admitted, "
+                     f"{rates.get(top, 0.0):.1f} of them {top}): behind per-replica gateway queues a {top} request "
+                     f"that finds every slot busy waits for its server's; {', '.join(sorted(depths))} rejected while "
+                     f"{slots - reserve} are busy"]
+
+
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
-    """Shed levels (remembered: an invalid decision keeps them) and the saturation guard's depths."""
+    """Shed levels (remembered: an invalid decision keeps them), the saturation guard's depths and the slots
+    kept for the top class."""
     assert tick.clean is not None and tick.clean.cluster is not None
     ready = tick.clean.cluster.ready_replicas
     depths = saturation_depths(spec, ready, tick.service_s)
@@ -136,4 +167,6 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
         why.append(f"shedding: traffic back after a silence, its capacity on the way ({ready} of {coming} "
                    f"replicas Ready): {', '.join(sorted(depths))} guarded at a queue of 1 until they are, at most "
                    f"{longest_s:.0f} s from the return, so the highest class waits behind no other")
-    return tick.then(why, shed=shed, saturation_depths=depths, state=tick.state.changed(shed=shed))
+    reserve, kept = top_reserve(spec, tick.clean, tick.service_s, shed, depths)
+    return tick.then(why + kept, shed=shed, saturation_depths=depths, saturation_reserve=reserve,
+                     state=tick.state.changed(shed=shed))
