@@ -269,6 +269,11 @@ class Fleet(_Strict):
         None, min_length=1, description="Namespace of the controller's Leases; default: POD_NAMESPACE, else default.")
     decision: FleetDecision = Field(default_factory=FleetDecision, description="The fleet decision's order and "
                                     "pooled warm capacity (used when capacity caps the fleet's GPUs).")
+    queue_probe: bool = Field(
+        False, description="Each model's admission endpoint probes its pods' queue and running requests every "
+        "admission.queue_probe_interval_s, as in single-model mode (the saturation guard, the overrun rule and the "
+        "slots kept for the top class read it); off: they read the tick's queue, and no slot is kept. Costs one "
+        "/metrics read per pod per interval and one pod list per model every 15 s.")
 
 
 class Settings(BaseSettings):

@@ -527,6 +527,16 @@ def test_a_models_settings_come_from_the_process_config_without_its_queue_probe(
     assert one.prometheus.url == "http://prom:9090" and not one.fleet.enabled
 
 
+def test_fleet_queue_probe_keeps_each_models_admission_probe():
+    from autoscaler.crd import parse_spec, settings_for
+    from autoscaler.fleet.runtime import base_config
+
+    process = Settings(fleet={"enabled": True, "queue_probe": True}, mode="actuate",
+                       prometheus={"url": "http://prom:9090"}, admission={"queue_probe_interval_s": 0.5})
+    one = settings_for(namespace="llm", spec=parse_spec(model("a")["spec"]), base=base_config(process))
+    assert one.admission.queue_probe_interval_s == 0.5
+
+
 def test_run_fleet_in_keda_mode_serves_every_model_from_one_grpc_port(cluster, crd, namespace):
     from autoscaler.fleet.runtime import run_fleet
 

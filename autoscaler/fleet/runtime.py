@@ -43,10 +43,12 @@ DEFAULT_LEASE = "inference-autoscaler-fleet"
 
 def base_config(settings: Settings) -> dict[str, Any]:
     """The process's config as the base of each model's settings (its own target and fleet section aside).
-    The admission queue probe is off: it lists a model's pods every second, which at hundreds of models would
-    be hundreds of apiserver requests a second; the saturation guard reads the tick's queue depth instead."""
+    The admission queue probe is off unless `fleet.queue_probe` asks for it: each probe reads every pod of its
+    model each interval and lists the model's pods every 15 s (and after a failed read), which at hundreds of
+    models is thousands of reads a second; without it the saturation guard reads the tick's queue depth."""
     base = settings.model_dump(mode="json", exclude={"target", "fleet"})
-    base["admission"]["queue_probe_interval_s"] = None
+    if not settings.fleet.queue_probe:
+        base["admission"]["queue_probe_interval_s"] = None
     return base
 
 

@@ -79,15 +79,17 @@ def fleet_controller_config(config: E2EConfig, models: tuple[FleetModel, ...], *
                             admission_port: int) -> dict:
     f = config.factor
     return {
+        # each model's endpoint probes its pods' queue and running requests, as the twin's request simulator
+        # assumes (`probe_s`): the saturation guard, the overrun rule and the slots kept for the top class read it
         "fleet": {"enabled": True, "namespaces": sorted({m.namespace for m in models}),
-                  "lease_namespace": POOL_NAMESPACE},
+                  "lease_namespace": POOL_NAMESPACE, "queue_probe": True},
         "mode": "actuate",
         "http_port": http_port,
         "prometheus": {"url": prom, "timeout_s": max(0.2, config.tick_s / f / 3)},
         "policy": {"tick_s": config.tick_s / f},
         "capacity": {"max_gpus": config.gpu_limit},
         "warm_pool": {"enabled": True, "priority_class": PLACEHOLDER_CLASS},
-        "admission": {"port": admission_port, "queue_probe_interval_s": None},
+        "admission": {"port": admission_port, "queue_probe_interval_s": config.probe_s / f},
         "leader_election": {"lease_duration_s": 15.0 / f, "renew_deadline_s": 10.0 / f, "retry_period_s": 2.0 / f},
     }
 
