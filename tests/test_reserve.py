@@ -81,8 +81,14 @@ def test_the_shedding_stage_keeps_slots_only_behind_per_replica_queues():
     assert reserve == 1 and "1 of 32 Ready slots kept for critical" in why[0]
     assert top_reserve(shared, clean, 1.0, {}, depths) == (0, [])
     assert top_reserve(per_replica, clean, 1.0, {}, {}) == (0, [])  # nothing guarded: nothing to reject
-    # what is shed is not admitted: sheddable shed whole leaves 15.4 req/s, within the slots without a reserve
-    assert top_reserve(per_replica, clean, 1.0, {"sheddable": 1.0}, depths)[0] == 0
+    # what is shed is not admitted: sheddable shed whole leaves 15.4 req/s, within the slots without a reserve;
+    # one is kept all the same (the floor: the measured rate lags a rise), and the reason says so
+    reserve, why = top_reserve(per_replica, clean, 1.0, {"sheddable": 1.0}, depths)
+    assert reserve == 1 and "at least 1: the measured rate lags a rise" in why[0]
+    # no top-class request measured: nothing to keep a slot for
+    idle = sanitize(per_replica, signals(0.0, rate=22.0, service=1.0, spec_replicas=4,
+                                         by_priority={**RATES, "critical": 0.0}), None, 0.0)[0]
+    assert top_reserve(per_replica, idle, 1.0, {"sheddable": 1.0}, depths) == (0, [])
 
 
 def test_the_decision_carries_the_reserve():
