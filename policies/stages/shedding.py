@@ -156,7 +156,8 @@ def top_reserve(spec: PolicySpec, clean: Clean, service_s: float, shed: Mapping[
     reserve = max(sized, floor)
     if reserve == 0:
         return 0, []
-    why = "" if sized else f"; at least {floor}: the measured rate lags a rise, and at it all but {floor} are rarely busy"
+    why = "" if sized else (f"; at least {floor}: the measured rate lags a rise, and at it all but {floor} are "
+                            "rarely busy")
     return reserve, [f"shedding: {reserve} of {slots} Ready slots kept for {top} ({admitted:.1f} req/s admitted, "
                      f"{rates.get(top, 0.0):.1f} of them {top}): behind per-replica gateway queues a {top} request "
                      f"that finds every slot busy waits for its server's; {', '.join(sorted(depths))} rejected while "
