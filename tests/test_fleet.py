@@ -21,11 +21,12 @@ from autoscaler.external_scaler.server import serve
 from autoscaler.kube.client import Kube
 from autoscaler.runtime import Parts, _serve
 from autoscaler.signals.prometheus import QueryResult
+from autoscaler.signals.queueprobe import QueueReading
 from policies import Sample
 
 from helpers import ROOT
 from loadtest.kube.controlplane import model_deployment
-from loadtest.realservers import free_port
+from loadtest.realservers import fake_model_server, free_port, post_json
 
 CRD_FILE = ROOT / "deploy" / "crds" / "modelautoscaler.yaml"
 
@@ -535,6 +536,51 @@ def test_fleet_queue_probe_keeps_each_models_admission_probe():
                        prometheus={"url": "http://prom:9090"}, admission={"queue_probe_interval_s": 0.5})
     one = settings_for(namespace="llm", spec=parse_spec(model("a")["spec"]), base=base_config(process))
     assert one.admission.queue_probe_interval_s == 0.5
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_fleet_queue_probe_reads_each_models_pods_running_requests(cluster, crd, namespace, probe):
+    """With `fleet.queue_probe` a model's admission endpoint reads its pods' queue and running requests (a fake
+    vLLM server behind the model's pod on the apiserver), which the slots kept for the top class need; without
+    it, the tick's queue depth (no running requests: those slots are not kept)."""
+    ns = namespace
+    with fake_model_server() as server:
+        port = int(server.rsplit(":", 1)[1])
+        post_json(f"{server}/admin/state", {"waiting": 3, "running": 7})
+        assert cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
+                               model_deployment(ns, "a", 1))[0] == 201
+        doc = model("a")
+        doc["spec"]["signals"] = {"scrape": {"port": port}}
+        assert cluster.request("POST", objects_path(ns), doc)[0] == 201
+        pod = None
+        for _ in range(60):
+            pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
+            if pods and pods[0]["status"].get("phase") == "Running":
+                pod = pods[0]
+                break
+            time.sleep(0.5)
+        assert pod is not None
+        assert cluster.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
+                               {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})[0] == 200
+        base = fleet_settings(ns).model_dump(exclude={"target"})
+        settings = Settings(**{**base, "fleet": {**base["fleet"], "queue_probe": probe},
+                               "admission": {**base["admission"], "queue_probe_interval_s": 0.2}})
+
+        async def go():
+            async with Running(cluster, settings, Hub({(ns, "a"): 40})) as run:
+                await run.fleet.tick()
+                admission = run.fleet.models[(ns, "a")].admission
+                if probe:
+                    await until(lambda: isinstance(admission.live_queue(), QueueReading), timeout_s=15)
+                else:
+                    await asyncio.sleep(1.0)  # five probe intervals: nothing probes
+                return admission.live_queue()
+
+        reading = asyncio.run(go())
+    if probe:
+        assert (reading.queue, reading.in_flight) == (3, 7)
+    else:
+        assert not isinstance(reading, QueueReading)
 
 
 def test_run_fleet_in_keda_mode_serves_every_model_from_one_grpc_port(cluster, crd, namespace):
