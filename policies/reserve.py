@@ -55,15 +55,6 @@ def top_waits(*, slots: int, reserve: int, offered: float, top_offered: float) -
     return min(1.0, b * (1.0 + above) / total), min(1.0, b * busy / total)
 
 
-def reserve_cost(*, slots: int, reserve: int, rate_per_s: float, top_rate_per_s: float, service_s: float) -> float:
-    """The share of the lower classes' requests rejected with `reserve` of `slots` kept (P(n >= c - r) in the
-    chain) at these rates; 1.0 when no reserve can be kept (one slot, or none)."""
-    if not 1 <= reserve < slots or service_s <= 0:
-        return 1.0
-    offered, top_offered = rate_per_s * service_s, min(rate_per_s, top_rate_per_s) * service_s
-    return top_waits(slots=slots, reserve=reserve, offered=offered, top_offered=top_offered)[0]
-
-
 def reserve_slots(*, slots: int, server_slots: int, rate_per_s: float, top_rate_per_s: float, service_s: float,
                   wait_s: float, miss: float, max_reserve: int) -> int:
     """The fewest slots to keep for the top class so that it waits past `wait_s` with probability at most

@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policies.queueing import rate_within_slo
-from policies.reserve import reserve_cost, reserve_slots
+from policies.reserve import reserve_slots
 from policies.spec import PolicySpec
 from policies.stages import forecast as fc
 from policies.types import Clean, Tick
@@ -130,44 +130,27 @@ def returning_guard_s(tick: Tick) -> float:
     return tick.startup_s + tick.node_s
 
 
-# Slots kept for the top class at least, behind per-replica gateway queues, when the measured rate asks for
-# none: the rate is read over a window and lags a rise (the fleet drill's chat: 16.7 req/s measured at the end
-# of a ramp to 22, where one slot is needed from 20). Kept only where it is nearly free at the rate measured:
-# where it turns away at most the top class's miss target (`slo_miss_target_ratio`) of the lower classes. A
-# fleet sized near its slots (few replicas at a steady load) would pay for it on every tick: there the floor
-# took the bundled Azure trace's standard class from 99.0-99.4 % to 98.3-98.9 % behind least connections.
-RESERVE_FLOOR = 1
-
-
 def top_reserve(spec: PolicySpec, clean: Clean, service_s: float, shed: Mapping[str, float],
                 depths: Mapping[str, int]) -> tuple[int, list[str]]:
     """Slots the admission endpoint keeps free for the top class behind per-replica gateway queues
-    (`policies/reserve.py`), sized at the measured rates less what is shed, at most one replica's slots, at
-    least RESERVE_FLOOR where that is nearly free; 0 with shared gateway queues (a top-class request waits for
-    any slot there), with no guarded class, or without per-class rates."""
+    (`policies/reserve.py`), sized at the measured rates less what is shed, at most one replica's slots; 0
+    with shared gateway queues (a top-class request waits for any slot there), with no guarded class, or
+    without per-class rates."""
     cluster, rates = clean.cluster, clean.arrival_rate_by_priority
     if spec.gateway_queues != "per-replica" or not depths or cluster is None or not rates:
         return 0, []
     top = max(spec.priorities, key=spec.priorities.__getitem__)
     slots = cluster.ready_replicas * spec.replica_concurrency
     admitted = sum(rate * (1.0 - shed.get(name, 0.0)) for name, rate in rates.items())
-    top_rate = rates.get(top, 0.0)
     reserve = reserve_slots(slots=slots, server_slots=spec.replica_concurrency, rate_per_s=admitted,
-                            top_rate_per_s=top_rate, service_s=service_s, wait_s=spec.slo_queue_wait_s,
+                            top_rate_per_s=rates.get(top, 0.0), service_s=service_s, wait_s=spec.slo_queue_wait_s,
                             miss=spec.slo_miss_target_ratio, max_reserve=spec.replica_concurrency)
-    why = ""
-    if reserve == 0 and top_rate > 0:
-        cost = reserve_cost(slots=slots, reserve=RESERVE_FLOOR, rate_per_s=admitted, top_rate_per_s=top_rate,
-                            service_s=service_s)
-        if cost <= spec.slo_miss_target_ratio:
-            reserve, why = RESERVE_FLOOR, (f"; at least {RESERVE_FLOOR} (the measured rate lags a rise), which "
-                                           f"turns away {cost:.4%} of them at this rate")
     if reserve == 0:
         return 0, []
     return reserve, [f"shedding: {reserve} of {slots} Ready slots kept for {top} ({admitted:.1f} req/s admitted, "
-                     f"{top_rate:.1f} of them {top}): behind per-replica gateway queues a {top} request "
+                     f"{rates.get(top, 0.0):.1f} of them {top}): behind per-replica gateway queues a {top} request "
                      f"that finds every slot busy waits for its server's; {', '.join(sorted(depths))} rejected while "
-                     f"{slots - reserve} are busy{why}"]
+                     f"{slots - reserve} are busy"]
 
 
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
