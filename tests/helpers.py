@@ -91,3 +91,38 @@ def tell_no_capacity(cp, ns: str, pod: dict) -> None:
              "message": "Failed to schedule pod, all available instance types exceed limits for nodepool",
              "firstTimestamp": now, "lastTimestamp": now, "count": 1}
     assert cp.request("POST", f"/api/v1/namespaces/{ns}/events", event)[0] == 201
+
+
+def endpoint_serving(decision, reading: list):
+    """(clock, admission): an admission endpoint at its clock seam, its board holding `decision` with 4 Ready
+    replicas, its live queue whatever `reading[0]` holds when asked."""
+    from autoscaler.admission import Admission
+    from autoscaler.board import DecisionBoard, Published
+    from autoscaler.clock import ManualClock
+    from policies import PRIORITY_CLASSES
+
+    clock = ManualClock(100.0)
+    board = DecisionBoard(clock=clock)
+    admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="h", default_class="standard",
+                          retry_after_s=5, clock=clock, live_queue=lambda: reading[0])
+    asyncio.run(board.publish(Published(decision, 4, 0.0, clock.now(), ready_replicas=4)))
+    return clock, admission
+
+
+def pod_at_localhost(cp, ns: str, attempts: int = 60) -> dict:
+    """The first pod of namespace `ns` once Running (kwok), its IP set to 127.0.0.1 (where a test's fake model
+    server listens), as the apiserver returns it."""
+    import time
+
+    pod = None
+    for _ in range(attempts):
+        pods = cp.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
+        if pods and pods[0]["status"].get("phase") == "Running":
+            pod = pods[0]
+            break
+        time.sleep(0.5)
+    assert pod is not None, f"no pod Running in {ns}"
+    status = cp.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
+                        {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})[0]
+    assert status == 200
+    return pod

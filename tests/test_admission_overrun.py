@@ -17,18 +17,15 @@ from autoscaler.signals.queueprobe import QueueReading
 from policies import PRIORITY_CLASSES, Decision
 from policies.admission import overrun_rejects, top_outruns
 
+from helpers import endpoint_serving
+
 # 4 Ready replicas of 8 slots completing 3 req/s between them; standard rejected from 20 queued, sheddable from 10
 SERVING = Decision(replicas=4, saturation_slots=32, saturation_drain_per_s=3.0,
                    saturation_queue_depth={"sheddable": 10, "standard": 20})
 
 
 def endpoint(reading: list) -> tuple[ManualClock, Admission]:
-    clock = ManualClock(100.0)
-    board = DecisionBoard(clock=clock)
-    admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="h", default_class="standard",
-                          retry_after_s=5, clock=clock, live_queue=lambda: reading[0])
-    asyncio.run(board.publish(Published(SERVING, 4, 0.0, clock.now(), ready_replicas=4)))
-    return clock, admission
+    return endpoint_serving(SERVING, reading)
 
 
 def test_the_rule():

@@ -24,7 +24,7 @@ from autoscaler.signals.prometheus import QueryResult
 from autoscaler.signals.queueprobe import QueueReading
 from policies import Sample
 
-from helpers import ROOT
+from helpers import ROOT, pod_at_localhost
 from loadtest.kube.controlplane import model_deployment
 from loadtest.realservers import fake_model_server, free_port, post_json
 
@@ -552,16 +552,7 @@ def test_fleet_queue_probe_reads_each_models_pods_running_requests(cluster, crd,
         doc = model("a")
         doc["spec"]["signals"] = {"scrape": {"port": port}}
         assert cluster.request("POST", objects_path(ns), doc)[0] == 201
-        pod = None
-        for _ in range(60):
-            pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
-            if pods and pods[0]["status"].get("phase") == "Running":
-                pod = pods[0]
-                break
-            time.sleep(0.5)
-        assert pod is not None
-        assert cluster.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
-                               {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})[0] == 200
+        pod_at_localhost(cluster, ns)
         base = fleet_settings(ns).model_dump(exclude={"target"})
         settings = Settings(**{**base, "fleet": {**base["fleet"], "queue_probe": probe},
                                "admission": {**base["admission"], "queue_probe_interval_s": 0.2}})

@@ -4,13 +4,11 @@ clock seam and both simulators. The live check is the closed-loop `fleet` scenar
 
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 import pytest
 
 from autoscaler.admission import Admission
-from autoscaler.board import DecisionBoard, Published
 from autoscaler.clock import ManualClock
 from autoscaler.signals.queueprobe import QueueReading
 from autoscaler.sim.cluster import ClusterModel, SimCluster
@@ -19,13 +17,13 @@ from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
 from autoscaler.sim.workload import RateWorkload, RequestWorkload
 from loadtest import queuebalance
-from policies import PRIORITY_CLASSES, Decision, PolicySpec, decide, initial_state
+from policies import Decision, PolicySpec, decide, initial_state
 from policies.admission import reserve_rejects
 from policies.reserve import reserve_slots, top_waits
 from policies.stages.sanitize import sanitize
 from policies.stages.shedding import top_reserve
 
-from helpers import signals
+from helpers import endpoint_serving, signals
 
 # The fleet drill's chat at factor 10: 4 Ready replicas of 8 slots, 1-s requests, a 0.2-s objective
 CHAT = dict(slots=32, server_slots=8, service_s=1.0, wait_s=0.2, miss=0.001, max_reserve=8)
@@ -103,12 +101,7 @@ SERVING = Decision(replicas=4, saturation_slots=32, saturation_drain_per_s=32.0,
 
 
 def _endpoint(reading: list) -> tuple[ManualClock, Admission]:
-    clock = ManualClock(100.0)
-    board = DecisionBoard(clock=clock)
-    admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="h", default_class="standard",
-                          retry_after_s=5, clock=clock, live_queue=lambda: reading[0])
-    asyncio.run(board.publish(Published(SERVING, 4, 0.0, clock.now(), ready_replicas=4)))
-    return clock, admission
+    return endpoint_serving(SERVING, reading)
 
 
 def test_the_endpoint_rejects_the_guarded_classes_in_the_kept_slots():

@@ -12,6 +12,7 @@ from policies import PolicySpec, Signals
 from policies.stages.sanitize import sanitize
 
 from loadtest.kube.controlplane import model_deployment
+from helpers import pod_at_localhost
 from servers import fake_model_server, free_port, post_json
 
 
@@ -117,17 +118,7 @@ def test_pods_are_found_on_the_apiserver_and_scraped(cluster):
     assert cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
                            model_deployment(ns, "model", 1))[0] == 201
     try:
-        pod = None
-        for _ in range(40):
-            pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")[1]["items"]
-            if pods and pods[0]["status"].get("phase") == "Running":
-                pod = pods[0]
-                break
-            time.sleep(0.5)
-        assert pod is not None
-        status = cluster.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
-                                 {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})[0]
-        assert status == 200
+        pod_at_localhost(cluster, ns, attempts=40)
         with fake_model_server() as server:
             port = int(server.rsplit(":", 1)[1])
             post_json(f"{server}/admin/state", {"waiting": 9})
