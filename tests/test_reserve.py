@@ -4,7 +4,6 @@ clock seam and both simulators. The live check is the closed-loop `fleet` scenar
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
