@@ -181,8 +181,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # classes that are never shed is kept through the silence, the return is the level coming back (not a
     # burst to confirm), and the lower classes are guarded hard until the rest is Ready. Its
     # requests are the trace `scenario:silence-live` (`scenario:silence` is the benchmark's 6-h profile).
+    # nginx's least_conn commits each request to one server: the policy sizes for that and keeps a slot for
+    # critical while the return's guard is hard (`gateway_queues: per-replica`, policies/stages/shedding.py),
+    # and the twin serves a queue per replica (`dispatch: least-conn`).
     Scenario("silence", SILENCE_PROFILE, checks.silence, windows=SILENCE_WINDOWS, trace="silence-live",
-             config=MappingProxyType({"service_by_completion": True})),
+             config=MappingProxyType({"service_by_completion": True, "policy": {"gateway_queues": "per-replica"},
+                                      "dispatch": "least-conn"})),
     # a fleet: batch bursts (minutes 10-12) and borrows what chat and code free as they come down from their
     # start; chat doubles (minutes 19-22) while the limit binds. Every model's servers run vLLM's priority
     # scheduling (critical first in the queue), as a fleet with tiers and classes would: a critical request

@@ -99,3 +99,25 @@ def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready
     assert not at(555.0, ready=4)  # never Ready: at most a start-up plus a node's provisioning (550 s)
     assert not at(30.0, ready=7, decided=7)  # nothing on the way: the usual guard from the start
     assert not at(480.0, ready=6, unplaceable=1)  # the last one can get no node: not on the way
+
+
+def test_behind_per_replica_queues_the_hard_guard_keeps_a_slot_for_the_highest_class():
+    """Live (closed loop `silence`, runs 7, 8, 11, 12): at a queue of 0 the lower classes took the last of
+    the 32 Ready slots and the next critical request waited 2.7-3.4 s for its server's next completion. The
+    load here (90 req/s of 1 s on 160 slots) is far below what the reserve's sizing keeps a slot for."""
+    fs, now = _observed(PolicySpec(outage_hold_s=300.0), [100.0] * 80)
+    for queues in ("per-replica", "shared"):
+        spec = PolicySpec(outage_hold_s=300.0, gateway_queues=queues)
+        quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
+        cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
+        guarded = shedding.stage(spec, _tick(spec, cold, back_s, rate=90.0, ready=10))
+        settled = shedding.stage(spec, _tick(spec, cold, back_s + 420.0, rate=90.0, ready=10))
+        assert settled.saturation_reserve == 0  # the guard over: the reserve's own sizing, none at this load
+        kept = [line for line in guarded.reasons if "slots kept for the highest class" in line]
+        if queues == "shared":  # a request that finds every slot busy waits for any slot's completion
+            assert guarded.saturation_reserve == 0 and not kept
+        else:
+            assert guarded.saturation_reserve == 1 and kept == [
+                "shedding: 1 of 160 Ready slots kept for the highest class while the guard is hard: behind "
+                "per-replica gateway queues a request of it that finds every slot busy waits for its server's"]
+    assert shedding.hard_guard_reserve(PolicySpec(gateway_queues="per-replica", replica_concurrency=3), 0) == (0, [])
