@@ -39,7 +39,8 @@ class PolicySpec(BaseModel):
         "shared", description="How the gateway queues requests: shared (one queue any free slot serves) or "
         "per-replica (each request waits in the queue of the server a least-connections balancer over the pods "
         "sent it to); per-replica sizes with replica_concurrency - 1 usable slots per replica, keeps Ready slots "
-        "free for the highest priority when the load nears them (policies/reserve.py) and needs "
+        "free for the highest priority when the load nears them, and one while traffic back after a silence is "
+        "guarded hard (policies/reserve.py, policies/stages/shedding.py), and needs "
         "replica_concurrency >= 3. Not for a plain Service's random routing, whose imbalance is larger.")
     initial_service_time_s: float = Field(
         2.0, gt=0, description="Mean time a request occupies a slot, until learned from in-flight/arrivals."
