@@ -28,10 +28,12 @@ named `windows`; `python -m loadtest.e2e --scenario NAME` runs it.
   and HPA scale the model (the shipped ScaledObject at `minReplicaCount: 0`); the first held request must
   scale it from zero within 1 s of wall clock (StreamIsActive pushes true).
 - `silence`: 25 min steady, silent until minute 115, then the base rate again until minute 145, under the
-  policy's defaults: the outage hold (1 h) holds the forecast, then the capacity for the rate the classes
-  that are never shed sent is kept (`forecast.kept_through_silence`) and the rest released; the return is
+  policy's defaults but one (it sizes for nginx's queue per server, `gateway_queues: per-replica`): the
+  outage hold (1 h) holds the forecast, then the capacity for the rate the classes that are never shed sent
+  is kept (`forecast.kept_through_silence`) and the rest released; the return is
   the interrupted level coming back, and the guarded classes are rejected at a queue of 1 until the replicas
-  ordered for it are Ready (at most a start-up plus a node's provisioning).
+  ordered for it are Ready (at most a start-up plus a node's provisioning), a Ready slot kept for critical
+  meanwhile.
   Its requests are the trace `scenario:silence-live`; `scenario:silence` is a 6-hour profile for the
   benchmark only (3 h of silence: longer than a live run should take).
 - `fleet`: three models behind one gateway under one fleet controller, each in its namespace with its own

@@ -26,13 +26,15 @@ def _observed(spec, rates, *, fs=None, start=0.0, protected=PROTECTED):
 
 
 def _tick(spec, fs, now, *, rate=0.0, queue=0.0, ready=1, decided=None, unplaceable=0, startup_s=120.0,
-          node_s=300.0, slot_free=False):
+          node_s=300.0, slot_free=False, service_s=1.0, by_priority=None):
     """A tick at the shedding stage: `ready` replicas Ready of `decided` (default: 4 more on the way), of which
     `unplaceable` can get no node."""
     decided = ready + 4 if decided is None else decided
-    sig = signals(now, rate=rate, queue=queue, service=1.0, spec_replicas=decided, ready=ready)
+    sig = signals(now, rate=rate, queue=queue, service=service_s, spec_replicas=decided, ready=ready,
+                  by_priority=by_priority)
     clean, _ = sanitize(spec, sig, None, now)
-    return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=1.0, replicas=decided,
+    return Tick(signals=sig, now=now, state=PolicyState(forecast=fs), clean=clean, service_s=service_s,
+                replicas=decided,
                 unplaceable=unplaceable, startup_s=startup_s, node_s=node_s,
                 lead_s=startup_s + (0.0 if slot_free else node_s))
 
@@ -101,23 +103,39 @@ def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready
     assert not at(480.0, ready=6, unplaceable=1)  # the last one can get no node: not on the way
 
 
+def _mix(rate):
+    return {"critical": 0.2 * rate, "standard": 0.5 * rate, "sheddable": 0.3 * rate}
+
+
 def test_behind_per_replica_queues_the_hard_guard_keeps_a_slot_for_the_highest_class():
-    """Live (closed loop `silence`, runs 7, 8, 11, 12): at a queue of 0 the lower classes took the last of
-    the 32 Ready slots and the next critical request waited 2.7-3.4 s for its server's next completion. The
-    load here (90 req/s of 1 s on 160 slots) is far below what the reserve's sizing keeps a slot for."""
+    """Live (closed loop `silence`, runs 11 and 12): at a queue of 0 the lower classes took the last of the 32
+    Ready slots and the next critical request waited 2.7 and 3.4 s for its server's next completion. At 90
+    req/s of 1 s on 160 slots the reserve's own sizing keeps none."""
     fs, now = _observed(PolicySpec(outage_hold_s=300.0), [100.0] * 80)
     for queues in ("per-replica", "shared"):
         spec = PolicySpec(outage_hold_s=300.0, gateway_queues=queues)
         quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
         cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
-        guarded = shedding.stage(spec, _tick(spec, cold, back_s, rate=90.0, ready=10))
-        settled = shedding.stage(spec, _tick(spec, cold, back_s + 420.0, rate=90.0, ready=10))
+        guarded = shedding.stage(spec, _tick(spec, cold, back_s, rate=90.0, ready=10, by_priority=_mix(90.0)))
+        settled = shedding.stage(spec, _tick(spec, cold, back_s + 420.0, rate=90.0, ready=10,
+                                             by_priority=_mix(90.0)))
         assert settled.saturation_reserve == 0  # the guard over: the reserve's own sizing, none at this load
-        kept = [line for line in guarded.reasons if "slots kept for the highest class" in line]
+        kept = [line for line in guarded.reasons if "kept for critical while the guard is hard" in line]
         if queues == "shared":  # a request that finds every slot busy waits for any slot's completion
             assert guarded.saturation_reserve == 0 and not kept
         else:
             assert guarded.saturation_reserve == 1 and kept == [
-                "shedding: 1 of 160 Ready slots kept for the highest class while the guard is hard: behind "
-                "per-replica gateway queues a request of it that finds every slot busy waits for its server's"]
+                "shedding: 1 of 160 Ready slots kept for critical while the guard is hard: behind per-replica "
+                "gateway queues a critical request that finds every slot busy waits for its server's next "
+                "completion; the guarded classes rejected while 159 are busy"]
+    spec = PolicySpec(outage_hold_s=300.0, gateway_queues="per-replica", replica_concurrency=8)
+    quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
+    cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
+    for rate, sized in ((2.5, 1), (4.0, 2)):  # 4 Ready of 8 slots, 9-s requests: the sizing keeps slots itself
+        at = _tick(spec, cold, back_s, rate=rate, ready=4, service_s=9.0, by_priority=_mix(rate))
+        loaded = shedding.stage(spec, at)
+        assert loaded.saturation_reserve == sized  # the sizing's own reserve (and reason), not the floor's
+        assert any(f"{sized} of 32 Ready slots kept for critical (" in line for line in loaded.reasons)
+        assert not any("while the guard is hard" in line for line in loaded.reasons)
+    assert shedding.stage(spec, _tick(spec, cold, back_s, rate=90.0, ready=0)).saturation_reserve == 0
     assert shedding.hard_guard_reserve(PolicySpec(gateway_queues="per-replica", replica_concurrency=3), 0) == (0, [])

@@ -52,10 +52,11 @@ without a reserve already keeps the highest class within the sizing target, exce
 guard is on: then at least one slot is kept. The hard guard leaves the highest class waiting behind no other
 in a queue, but the lower classes still take every free slot while nothing waits, and a highest-class request
 that nginx then commits to a full server waits for that server's next completion. Live (closed loop `silence`,
-runs 7, 8, 11 and 12, sized for a shared queue behind nginx's least_conn): 32 requests in 32 Ready slots, the
-last of them a standard one admitted half a second earlier at a queue of 0, and the next critical request
-waited 2.7-3.4 s, one of 907 after the return (99.890 % against 99.9 %). The slot costs the lower classes
-only while the guard is on, when they are already rejected at a queue of 1.
+runs 11 and 12, sized for a shared queue behind nginx's least_conn): 32 and 33 requests in the 32 Ready slots,
+the last admitted before it a standard one 0.5 and 0.05 s earlier, and the next critical request waited 2.7
+and 3.4 s, one of 907 after the return (99.890 % against 99.9 %; runs 7 and 8 each lost one while the guard
+was on too). The slot costs the lower classes only while the guard is on, when they are already rejected at a
+queue of 1.
 """
 
 from __future__ import annotations
@@ -166,8 +167,10 @@ def hard_guard_reserve(spec: PolicySpec, ready: int) -> tuple[int, list[str]]:
     slots = ready * spec.replica_concurrency
     if spec.gateway_queues != "per-replica" or slots < 2:
         return 0, []
-    return 1, [f"shedding: 1 of {slots} Ready slots kept for the highest class while the guard is hard: behind "
-               f"per-replica gateway queues a request of it that finds every slot busy waits for its server's"]
+    top = max(spec.priorities, key=spec.priorities.__getitem__)
+    return 1, [f"shedding: 1 of {slots} Ready slots kept for {top} while the guard is hard: behind per-replica "
+               f"gateway queues a {top} request that finds every slot busy waits for its server's next "
+               f"completion; the guarded classes rejected while {slots - 1} are busy"]
 
 
 def stage(spec: PolicySpec, tick: Tick) -> Tick:
