@@ -8,7 +8,12 @@ change to the simulator, without running the scenario again:
     python -m loadtest.e2e.twin DIR [DIR ...]
 
 prints, per folder, the live figures and the recorded twin's against the recomputed twin's (critical
-attainment and GPU-hours); `--json` prints them as one document. The folder is only read.
+attainment and GPU-hours); `--json` prints them as one document. The folder is only read. The recomputed
+twin runs the scenario's configuration as it is now (a run made before a change to it is recomputed with the
+change). What-ifs on the same requests and node timings: `--dispatch least-conn` serves a queue per replica
+(nginx's least_conn), `--policy-set FIELD=VALUE` (repeatable) changes a policy field, e.g.
+
+    python -m loadtest.e2e.twin DIR --dispatch least-conn --policy-set gateway_queues=per-replica
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Mapping
 
+from pydantic import ValidationError
+
+from autoscaler.errors import ConfigError
+from autoscaler.sim.dispatch import DISPATCHES, Dispatch
 from autoscaler.sim.run import PolicyRun, RunResult, initial_replicas, needed_replicas, run
 from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
+from loadtest.bench import policy_overrides
 from loadtest.e2e.config import E2EConfig
 from loadtest.e2e.figures import simulated_figures
 from loadtest.loadgen import Request
@@ -60,14 +71,16 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
     return sim, {**simulated_figures(sim), "node_timings": timing}
 
 
-def rerun(folder: Path) -> dict:
+def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str, Any] | None = None) -> dict:
     """Recompute the twin of the run whose result.json is in `folder` (a single-model scenario without GPU-limit
-    actions); the live figures, the recorded twin's and the recomputed twin's."""
+    actions); the live figures, the recorded twin's and the recomputed twin's. `dispatch`, `policy`: the twin's
+    gateway queues and policy fields over the scenario's (what-ifs)."""
     doc = json.loads((folder / "result.json").read_text())
     scenario = scenarios.SCENARIOS[doc["scenario"]]
     if scenario.models or scenario.limit_steady_at_min is not None:
         raise ValueError(f"{doc['scenario']}: only single-model scenarios without GPU-limit actions are re-run")
     config = replace(E2EConfig(factor=doc["factor"]), **scenario.config)
+    config = replace(config, dispatch=dispatch or config.dispatch, policy={**config.policy, **(policy or {})})
     workload, _ = requests_of(doc["scenario"], config)
     initial = initial_replicas(needed_replicas(workload, config.sim_config()), config.sim_config())
     if initial != doc["initial_replicas"]:
@@ -97,8 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.e2e.twin", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+", type=Path, help="a finished run's --out folder of one scenario")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--dispatch", choices=DISPATCHES, default=None,
+                   help="the twin's gateway queues (default: the scenario's)")
+    p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="one policy field (YAML value) over the scenario's; repeatable")
     args = p.parse_args(argv)
-    results = [rerun(folder) for folder in args.folders]
+    try:
+        policy = policy_overrides(argparse.Namespace(policy_config=None, policy_set=args.policy_set))
+        results = [rerun(folder, dispatch=args.dispatch, policy=policy) for folder in args.folders]
+    except (ConfigError, ValidationError) as e:
+        print(f"python -m loadtest.e2e.twin: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(results, indent=2) if args.json else "\n".join(_line(r) for r in results))
     return 0
 
