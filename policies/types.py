@@ -203,6 +203,8 @@ class PolicyState:
     woke_at_s: float | None = None
     # Where that wake's first replica lands: "slot" (a free warm or idle slot) or "node" (a new node).
     woke_onto: str | None = None
+    # When the hard guard after a cold return first guarded (stages/shedding.py): its bound runs from then.
+    hard_guard_since_s: float | None = None
 
     def changed(self, **changes: Any) -> "PolicyState":
         """This state with `changes`, in one copy (none if every change is what its field holds): the same

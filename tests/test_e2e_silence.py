@@ -21,8 +21,8 @@ LEAD_S = 420.0  # start-up 120 s + node provisioning 300 s, at factor 1
 KEEPING = ("forecast: silence: keeping capacity for the 16.2 req/s the classes never shed sent of the 26.0 req/s it "
            "interrupted (if it never returns: up to a day of these GPUs; ...)")
 GUARD = ("shedding: traffic back after a silence, its capacity on the way (5 of 7 replicas Ready): sheddable, "
-         "standard guarded at a queue of 1 until they are, at most 42 s from the return, so the highest class waits "
-         "behind no other")
+         "standard guarded at a queue of 1 until they are, at most 42 s from its start (0 s ago), so the highest class "
+         "waits behind no other")
 
 
 def _line(t_s: float, *, replicas: int, reasons: list[str]) -> str:

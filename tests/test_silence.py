@@ -139,3 +139,29 @@ def test_behind_per_replica_queues_the_hard_guard_keeps_a_slot_for_the_highest_c
         assert not any("while the guard is hard" in line for line in loaded.reasons)
     assert shedding.stage(spec, _tick(spec, cold, back_s, rate=90.0, ready=0)).saturation_reserve == 0
     assert shedding.hard_guard_reserve(PolicySpec(gateway_queues="per-replica", replica_concurrency=3), 0) == (0, [])
+
+
+def test_a_hard_guard_that_starts_after_the_return_lasts_from_its_own_start():
+    """Live (closed loop `silence`, run 15, sized per replica): the return met 5 Ready replicas, enough until the
+    windowed rate showed the level, so 8 were decided and the guard started 98 s after the return; bounded
+    from the return, it ended after 450 s, 184 s before the 8 were Ready (732 s after the return), short of
+    the lead time (540-550 s) that the replicas it waited for were ordered with."""
+    spec = PolicySpec(outage_hold_s=300.0)
+    fs, now = _observed(spec, [100.0] * 80)
+    quiet, back_s = _observed(spec, [0.0] * 120, fs=fs, start=now)
+    cold = fc.observe(spec, quiet, 90.0, back_s, PROTECTED)
+    times = {"startup_s": 140.0, "node_s": 410.0}  # 550 s
+
+    def at(after_s, state):
+        tick = _tick(spec, cold, back_s + after_s, rate=90.0, ready=5, decided=8, **times)
+        tick = replace(tick, state=replace(state, forecast=cold))
+        out = shedding.stage(spec, tick)
+        return set(out.saturation_depths.values()) == {1}, out.state
+
+    on, state = at(98.0, PolicyState())
+    assert on and state.hard_guard_since_s == back_s + 98.0
+    assert at(600.0, state)[0]  # 502 s from its start: still on (from the return it had ended at 550 s)
+    assert not at(650.0, state)[0]  # 552 s from its start: at most a start-up plus a node's provisioning
+    assert not at(600.0, PolicyState())[0]  # not started within 550 s of the return: never starts
+    earlier = replace(state, hard_guard_since_s=back_s - 3600.0)  # an earlier return's guard
+    assert not at(600.0, earlier)[0] and at(98.0, earlier)[1].hard_guard_since_s == back_s + 98.0

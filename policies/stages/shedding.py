@@ -34,10 +34,15 @@ in a server that serves first come first served. On
 critical at 99.40 %: the return's standard and sheddable requests filled the queue to the guard's depth in
 front of it.
 
-The guard lasts at most a start-up plus a node's provisioning from the return (`returning_guard_s`): the
-longest a replica ordered at the return takes to be Ready, so capacity that comes later than the policy
-reckons does not keep it for good. Not the tick's lead time: that is for a replica ordered now,
-and it drops by a node's provisioning as soon as one slot is free, while the replicas ordered at the return
+The guard lasts at most a start-up plus a node's provisioning from its start (`returning_guard_s`,
+`hard_guard`): the longest a replica ordered then takes to be Ready, so capacity that comes later than the
+policy reckons does not keep it for good. It starts within that time of the return, when the replicas
+decided first outnumber the Ready ones: at the return itself when the silence left too few for the level
+coming back, later when they serve it until the windowed rate shows it. Live (closed loop `silence`, run 15,
+sized per replica) 5 Ready met the return and 8 were decided 98 s after it; bounded from the return, the
+guard ended 184 s before the 8 were Ready, short of the lead time they were ordered with.
+Not the tick's lead time: that is for a replica ordered now,
+and it drops by a node's provisioning as soon as one slot is free, while the replicas the guard waits for
 still wait for their nodes. E.g. live (closed loop `silence`, run 2): 4 Ready at the return, 7 decided by
 minute 2.4 after it, a lead time of 550 s (140 s start-up + 410 s for a node); 6.2 minutes on, the warm
 pool's placeholders were Ready, the lead time fell to 140 s and the guard, which then lasted one lead time
@@ -133,9 +138,23 @@ def shed_levels(spec: PolicySpec, clean: Clean, service_s: float,
 
 
 def returning_guard_s(tick: Tick) -> float:
-    """How long after a cold return the hard guard may last: a start-up plus a node's provisioning, the
-    longest a replica ordered at the return takes to be Ready (see the module docstring)."""
+    """How long the hard guard after a cold return may last: a start-up plus a node's provisioning, the
+    longest a replica ordered when it started takes to be Ready (see the module docstring)."""
     return tick.startup_s + tick.node_s
+
+
+def hard_guard(spec: PolicySpec, tick: Tick, depths: Mapping[str, int], ready: int) -> float | None:
+    """When the hard guard on for this tick started (now, if it starts now), or None when it is off: traffic
+    back after a cold silence, fewer Ready replicas than are decided and can get a node, and either within
+    `returning_guard_s` of the return (it starts) or of its own start (it goes on). From its start, not the
+    return: the replicas it waits for were ordered then (see the module docstring)."""
+    fs, longest_s = tick.state.forecast, returning_guard_s(tick)
+    if not depths or ready >= tick.replicas - tick.unplaceable or fs.returned_at_s is None:
+        return None
+    since = tick.state.hard_guard_since_s
+    if since is not None and since >= fs.returned_at_s:  # started for this return
+        return since if fc.returning_cold(spec, fs, tick.now, since - fs.returned_at_s + longest_s) else None
+    return tick.now if fc.returning_cold(spec, fs, tick.now, longest_s) else None
 
 
 def top_reserve(spec: PolicySpec, clean: Clean, service_s: float, shed: Mapping[str, float],
@@ -180,17 +199,15 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     ready = tick.clean.cluster.ready_replicas
     depths = saturation_depths(spec, ready, tick.service_s)
     shed, why = shed_levels(spec, tick.clean, tick.service_s, depths)  # the same depths: computed once
-    coming = tick.replicas - tick.unplaceable  # what is decided and can get a node
-    longest_s = returning_guard_s(tick)
-    returning_hard = bool(depths) and ready < coming and fc.returning_cold(spec, tick.state.forecast, tick.now,
-                                                                            longest_s)
-    if returning_hard:
+    since = hard_guard(spec, tick, depths, ready)
+    if since is not None:
         depths = {name: 1 for name in depths}
-        why.append(f"shedding: traffic back after a silence, its capacity on the way ({ready} of {coming} "
-                   f"replicas Ready): {', '.join(sorted(depths))} guarded at a queue of 1 until they are, at most "
-                   f"{longest_s:.0f} s from the return, so the highest class waits behind no other")
+        why.append(f"shedding: traffic back after a silence, its capacity on the way ({ready} of "
+                   f"{tick.replicas - tick.unplaceable} replicas Ready): {', '.join(sorted(depths))} guarded at a "
+                   f"queue of 1 until they are, at most {returning_guard_s(tick):.0f} s from its start ("
+                   f"{tick.now - since:.0f} s ago), so the highest class waits behind no other")
     reserve, kept = top_reserve(spec, tick.clean, tick.service_s, shed, depths)
-    if returning_hard and reserve < 1:
+    if since is not None and reserve < 1:
         reserve, kept = hard_guard_reserve(spec, ready)
-    return tick.then(why + kept, shed=shed, saturation_depths=depths, saturation_reserve=reserve,
-                     state=tick.state.changed(shed=shed))
+    state = tick.state.changed(shed=shed, hard_guard_since_s=tick.state.hard_guard_since_s if since is None else since)
+    return tick.then(why + kept, shed=shed, saturation_depths=depths, saturation_reserve=reserve, state=state)
