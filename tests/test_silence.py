@@ -161,7 +161,8 @@ def test_a_hard_guard_that_starts_after_the_return_lasts_from_its_own_start():
     on, state = at(98.0, PolicyState())
     assert on and state.hard_guard_since_s == back_s + 98.0
     assert at(600.0, state)[0]  # 502 s from its start: still on (from the return it had ended at 550 s)
-    assert not at(650.0, state)[0]  # 552 s from its start: at most a start-up plus a node's provisioning
+    assert at(98.0 + 549.9, state)[0] and not at(98.0 + 550.0, state)[0]  # at most a start-up plus a node's
+    assert not at(650.0, state)[0]  # provisioning from its start
     assert not at(600.0, PolicyState())[0]  # not started within 550 s of the return: never starts
     earlier = replace(state, hard_guard_since_s=back_s - 3600.0)  # an earlier return's guard
     assert not at(600.0, earlier)[0] and at(98.0, earlier)[1].hard_guard_since_s == back_s + 98.0

@@ -36,8 +36,8 @@ front of it.
 
 The guard lasts at most a start-up plus a node's provisioning from its start (`returning_guard_s`,
 `hard_guard`): the longest a replica ordered then takes to be Ready, so capacity that comes later than the
-policy reckons does not keep it for good. It starts within that time of the return, when the replicas
-decided first outnumber the Ready ones: at the return itself when the silence left too few for the level
+policy reckons does not keep it for good. It starts within that time of the return, when fewer replicas
+are Ready than are decided and can get a node: at the return itself when the silence left too few for the level
 coming back, later when they serve it until the windowed rate shows it. Live (closed loop `silence`, run 15,
 sized per replica) 5 Ready met the return and 8 were decided 98 s after it; bounded from the return, the
 guard ended 184 s before the 8 were Ready, short of the lead time they were ordered with.
@@ -47,7 +47,8 @@ still wait for their nodes. E.g. live (closed loop `silence`, run 2): 4 Ready at
 minute 2.4 after it, a lead time of 550 s (140 s start-up + 410 s for a node); 6.2 minutes on, the warm
 pool's placeholders were Ready, the lead time fell to 140 s and the guard, which then lasted one lead time
 of each tick, ended 1.1 and 2.5 minutes before the ordered replicas were Ready; a critical request waited
-3.02 s behind standard ones meanwhile. Now it lasts until the 7 are Ready (8.7 minutes), within 550 s.
+3.02 s behind standard ones meanwhile. Now it lasts until the 7 are Ready (8.7 minutes), within 550 s of its start; a
+guard off for a tick (as many Ready as decided) that comes back keeps its start and its bound.
 
 Behind per-replica gateway queues (`gateway_queues: per-replica`: nginx's least_conn commits each request to one
 server) a highest-class request that finds every slot busy waits for its own server's next completion, so the
