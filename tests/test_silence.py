@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from autoscaler.sim.workload import CLASSES, DEFAULT_MIX
 from policies import PolicySpec
 from policies.stages import forecast as fc
 from policies.stages import predictive, shedding
@@ -104,7 +105,8 @@ def test_the_hard_guard_lasts_until_the_replicas_ordered_at_the_return_are_ready
 
 
 def _mix(rate):
-    return {"critical": 0.2 * rate, "standard": 0.5 * rate, "sheddable": 0.3 * rate}
+    """`rate` split over the classes in the benchmark's shares (20 % critical, 50 % standard, 30 % sheddable)."""
+    return {c: share * rate for c, share in zip(CLASSES, DEFAULT_MIX)}
 
 
 def test_behind_per_replica_queues_the_hard_guard_keeps_a_slot_for_the_highest_class():
