@@ -9,7 +9,8 @@ from loadtest.e2e.run import run_scenario
 
 
 def test_doubling_drill_passes_and_the_simulator_predicts_it(tmp_path):
-    """One run, no retry: every check must pass (10 of 10 in a row with `--repeat 10`, docs/closed-loop.md)."""
+    """One run, no retry: every check must pass (sized per replica, 5 of 5 in a row with `--repeat 5`;
+    docs/closed-loop.md)."""
     out = tmp_path / "run"
     doc = run_scenario("doubling", factor=10.0, out=out)
     failed = [c for c in doc["checks"] if not c["passed"]]
