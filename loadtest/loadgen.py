@@ -6,12 +6,13 @@ and records what became of every one.
 Each request line: `{"i", "t_s", "class", "input_tokens", "output_tokens"}` (time at factor 1). Request i is
 sent at t_s / factor after the start whatever happened to the others (open loop: a slow server does not
 slow the offered load), as an OpenAI completion with the priority header. Each record line:
-`{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "retry_after", "shed_reason", "error"}`, times at
-factor 1: `queue_s` is the server's `x-queue-seconds` (time waiting for a slot), `latency_s` the whole
-exchange, `retry_after` the answer's Retry-After header (None without one), `shed_reason` its X-Shed-Reason
-(why the admission endpoint rejected it; None without one); status 429 is a request the
-gateway shed, 503 with Retry-After one it held for a replica that did not come within the hold; status 0
-with an error is a request that got no answer.
+`{"i", "class", "sent_s", "late_s", "status", "queue_s", "latency_s", "retry_after", "shed_reason",
+"gateway_hold_s", "error"}`, times at factor 1: `queue_s` is the server's `x-queue-seconds` (time waiting for
+a slot), `latency_s` the whole exchange, `retry_after` the answer's Retry-After header (None without one),
+`shed_reason` its X-Shed-Reason (why the admission endpoint rejected it; None without one), `gateway_hold_s`
+the gateway's X-Held-Seconds (how long it held the request while the model woke from zero; None for a request
+it did not hold); status 429 is a request the gateway shed, 503 with Retry-After one it held for a replica
+that did not come within the hold; status 0 with an error is a request that got no answer.
 
 With `--priority-in-body` the body also carries vLLM's `priority` field for the class (`BODY_PRIORITY`:
 critical 0, standard 1, sheddable 2; lower is served first by a server run with `--scheduling-policy
@@ -66,12 +67,27 @@ def completion_body(request: Request, *, priority_in_body: bool = False) -> dict
     return body
 
 
+def _held_seconds(header: str | None, factor: float) -> float | None:
+    """X-Held-Seconds (nginx's `$upstream_response_time` of the hold's subrequest) at factor 1; None without the
+    header. nginx lists one time per upstream tried ("0.300, 0.001"; "-" for one that never answered): their
+    sum, 0.0 when none is a number (held, for no time it could measure)."""
+    if header is None:
+        return None
+    total = 0.0
+    for part in header.replace(":", ",").split(","):
+        try:
+            total += float(part)
+        except ValueError:
+            pass
+    return total * factor
+
+
 async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, factor: float, start: float,
                timeout: aiohttp.ClientTimeout, priority_in_body: bool = False, model: str | None = None) -> dict:
     sent = time.monotonic()
     record = {"i": request.i, "class": request.cls, "sent_s": (sent - start) * factor,
               "late_s": max(0.0, (sent - start) * factor - request.t_s), "status": 0, "queue_s": None,
-              "latency_s": None, "retry_after": None, "shed_reason": None, "error": None}
+              "latency_s": None, "retry_after": None, "shed_reason": None, "gateway_hold_s": None, "error": None}
     body = completion_body(request, priority_in_body=priority_in_body)
     headers = {PRIORITY_HEADER: request.cls, **({MODEL_HEADER: model} if model else {})}
     try:
@@ -81,6 +97,7 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, fa
             record["status"] = response.status
             record["retry_after"] = response.headers.get("Retry-After")
             record["shed_reason"] = response.headers.get("X-Shed-Reason")
+            record["gateway_hold_s"] = _held_seconds(response.headers.get("X-Held-Seconds"), factor)
             queued = response.headers.get("x-queue-seconds")
             if queued is not None:
                 record["queue_s"] = float(queued) * factor

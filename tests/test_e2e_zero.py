@@ -142,3 +142,31 @@ def test_a_run_whose_model_does_not_scale_to_zero_holds_no_request():
     assert holds(passed)["held_requests"] == 0
     holding = {name for name, s in SCENARIOS.items() if replace(E2EConfig(), **s.config).holding}
     assert holding == {"scale-to-zero", "scale-to-zero-warm", "scale-to-zero-keda"}
+
+
+def test_the_gateway_names_the_requests_it_held_so_a_short_hold_counts_and_a_stall_does_not():
+    """With X-Held-Seconds recorded (`gateway_hold_s`), a hold of 3 s at factor 1 (0.3 s of wall clock, under
+    the 0.5-s guess older records fall back on) misses the 2-s SLO, and a request the gateway did not hold is
+    not held, however slow its exchange (a 5.2-s stall of the harness)."""
+    short = _record(0, 60.0, latency_s=10.1 + 3.0)
+    stall = _record(1, 60.0, latency_s=10.1 + 5.2)
+    guessed = [dict(short), dict(stall)]
+    told = [{**short, "gateway_hold_s": 2.9}, {**stall, "gateway_hold_s": None}]
+    annotate_holds(guessed, REQUESTS, server=E2EConfig().server, factor=FACTOR)
+    annotate_holds(told, REQUESTS, server=E2EConfig().server, factor=FACTOR)
+    assert [r["hold_s"] for r in guessed] == [0.0, pytest.approx(5.2)]
+    assert [r["hold_s"] for r in told] == [pytest.approx(3.0), 0.0]
+    assert client_figures(told, ("critical",), 2.0)["slo_attainment"]["critical"] == 0.5
+    assert holds(told)["held_requests"] == 1
+    dropped = {**_record(2, 60.0, status=503, latency_s=600.0, retry_after="5"), "gateway_hold_s": None}
+    annotate_holds([dropped], REQUESTS, server=E2EConfig().server, factor=FACTOR)
+    assert dropped["hold_s"] == 600.0  # the hold that expired (answered by the gateway's @shed, no header)
+
+
+def test_the_load_generator_reads_the_gateways_hold():
+    from loadtest.loadgen import _held_seconds
+
+    assert _held_seconds(None, FACTOR) is None
+    assert _held_seconds("0.301", FACTOR) == pytest.approx(3.01)
+    assert _held_seconds("0.300, 0.001", FACTOR) == pytest.approx(3.01)  # one time per upstream tried
+    assert _held_seconds("-", FACTOR) == 0.0  # held, for no time nginx could measure

@@ -93,12 +93,15 @@ def test_nginx_holds_the_request_until_a_replica_is_ready(stack):
         time.sleep(0.5)  # longer than the ordinary subrequest's 250 ms timeout: still held, not failed open
         assert not answer.done() and board.wake.is_set()
         thread.run(board.set_ready(1))
-        status, _ = answer.result(5)
+        status, headers = answer.result(5)
     assert status == 200 and time.monotonic() - started >= 0.5
     assert board.held_requests == 0
     assert [outcome for outcome, _ in stack["holds"]] == ["admitted"]
-    # Ready: the ordinary path, answered at once
-    assert get(f"{url}/v1/completions", "standard", COMPLETION)[0] == 200
+    # the answer says how long the gateway held it: the hold's subrequest, at least the 0.5 s waited above
+    assert 0.5 <= float(headers["X-Held-Seconds"]) < 5.0
+    # Ready: the ordinary path, answered at once, and not named held
+    status, headers = get(f"{url}/v1/completions", "standard", COMPLETION)
+    assert status == 200 and "X-Held-Seconds" not in headers
 
 
 def test_nginx_answers_503_with_retry_after_when_nothing_becomes_ready(stack):

@@ -88,11 +88,12 @@ def test_a_request_failed_open_to_a_model_at_zero_is_held_not_answered_502():
             # a replica turns Ready: the model listens, then the controller sees it Ready
             with serving(thread, model_app(hits), model_port):
                 thread.run(board.set_ready(1))
-                status, _ = answer.result(5)
+                status, headers = answer.result(5)
     finally:
         thread.close()
     assert status == 200 and hits == ["/v1/completions"]
     assert time.monotonic() - started >= SLOW_S and [o for o, _ in holds] == ["admitted"]
+    assert float(headers["X-Held-Seconds"]) >= 0.3  # held in @model_unreachable, at least the 0.3 s above
 
 
 def test_a_request_the_model_received_is_not_sent_again():
