@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
@@ -70,6 +71,9 @@ class EventSink(Protocol):
 # While requests are held for a Ready replica, the loop ticks at least this often.
 HELD_TICK_S = 1.0
 
+# The admission endpoint's per-class rates are counted over at least this many ticks (`PriorityCounter.rates`).
+RATE_MIN_TICKS = 0.5
+
 # A CapacityUnavailable Warning is repeated at most this often while the shortfall stays the same.
 CAPACITY_EVENT_EVERY_S = 300.0
 
@@ -79,18 +83,27 @@ class PriorityCounter:
     """Requests seen by the admission endpoint per priority, turned into rates between ticks."""
 
     counts: dict[str, int] = field(default_factory=dict)
-    _last: tuple[float, dict[str, int]] | None = None
+    _snapshots: deque[tuple[float, dict[str, int]]] = field(default_factory=deque)
 
     def add(self, priority: str) -> None:
         self.counts[priority] = self.counts.get(priority, 0) + 1
 
-    def rates(self, now: float) -> dict[str, float]:
-        snapshot = dict(self.counts)
-        last, self._last = self._last, (now, snapshot)
-        if last is None or now <= last[0]:
+    def rates(self, now: float, window_s: float = 0.0) -> dict[str, float]:
+        """Per-class rates since the latest earlier reading at least `window_s` old (the oldest kept, when none
+        is). While requests are held at zero the loop ticks at once on each arrival: the time since the last
+        tick then ends at the arrival that woke it, and a count over it reads several times the rate (one
+        request over a tenth of a second). Over half a tick, ticks on the period read one tick, as before."""
+        snapshot, kept = dict(self.counts), self._snapshots
+        if kept and now < kept[-1][0]:  # the clock stepped back: start again
+            kept.clear()
+        while len(kept) > 1 and now - kept[1][0] >= window_s:
+            kept.popleft()
+        base = kept[0] if kept else None
+        kept.append((now, snapshot))
+        if base is None or now <= base[0]:
             return {}
-        dt = now - last[0]
-        return {k: (v - last[1].get(k, 0)) / dt for k, v in snapshot.items()}
+        dt = now - base[0]
+        return {k: (v - base[1].get(k, 0)) / dt for k, v in snapshot.items()}
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,8 @@ class Controller:
             gateway = samples.get("held_requests")  # an llm-d gateway's held requests, read as a query
             held = self.board.held_requests + (gateway.value if gateway is not None else 0.0)
             samples["held_requests"] = Sample(held, now)
-        by_priority = self.priorities.rates(now) if self.priorities is not None else {}
+        by_priority = ({} if self.priorities is None
+                       else self.priorities.rates(now, RATE_MIN_TICKS * self.settings.tick_s))
         offered = sum(by_priority.values())
         measured = samples.get("arrival_rate_per_s")
         held = samples.get("held_requests")

@@ -232,3 +232,4 @@ def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
         assert counted.counts == {"critical": 1, "sheddable": 1}, "not counted again when answered"
         assert get(f"{url}/v1/completions", "standard", COMPLETION)[0] == 200  # Ready: the ordinary path
         assert counted.counts == {"critical": 1, "sheddable": 1, "standard": 1}
+

@@ -251,3 +251,27 @@ def test_a_follower_that_takes_the_lease_holds_the_leaders_replicas_for_a_window
     assert all(d.replicas == 12 for d in taken_over) and cluster.replicas == 12
     later = ticks(c, 2)
     assert later[-1].replicas < 12 and cluster.replicas == later[-1].replicas  # nothing is held forever
+
+
+def test_ticks_woken_by_each_held_request_read_the_rate_over_half_a_tick_at_least():
+    """At zero the loop ticks at once on each held request. Counted since the tick before, one request a tenth
+    of a second after it read 10 req/s where 2 arrive per second (the live wake of scale-to-zero read 48-86
+    req/s at 25, and ordered 22-24 replicas where its twin ordered 12); over at least half a tick it reads the
+    rate. Ticks on the period read one tick, as before, and a clock that steps back reads nothing."""
+    from autoscaler.loop import PriorityCounter
+
+    counted = PriorityCounter()
+    assert counted.rates(1000.0, 7.5) == {}
+    for _ in range(30):  # 30 requests in the 15-s tick
+        counted.add("critical")
+    assert counted.rates(1015.0, 7.5) == {"critical": 2.0}
+    woken = []
+    for k in range(1, 6):  # then a tick at each of five requests, 0.1 s apart
+        counted.add("critical")
+        woken.append(counted.rates(1015.0 + 0.1 * k, 7.5)["critical"])
+    assert woken == [pytest.approx((30 + k) / (15 + 0.1 * k)) for k in range(1, 6)]  # since 1000: about 2
+    assert PriorityCounter(counts={"critical": 1}).rates(5.0) == {}
+    again = PriorityCounter()
+    again.rates(1000.0, 7.5)
+    again.add("standard")
+    assert again.rates(999.0, 7.5) == {} and again.rates(1014.0, 7.5) == {"standard": 0.0}
