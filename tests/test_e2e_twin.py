@@ -47,10 +47,10 @@ def test_a_run_that_started_elsewhere_or_a_fleet_is_refused(tmp_path):
 
 def test_what_ifs_change_the_twins_queues_and_policy_and_bad_ones_are_refused(tmp_path, capsys):
     doc = recorded(tmp_path, name="short-burst")
-    same = twin.rerun(tmp_path, dispatch="shared")
+    same = twin.rerun(tmp_path, dispatch="least-conn")
     assert same["recomputed"] == same["recorded"]  # the scenario's own queues: the recorded twin
-    sized = twin.rerun(tmp_path, dispatch="least-conn", policy={"gateway_queues": "per-replica"})
-    assert sized["recomputed"]["gpu_hours"] > doc["simulated"]["gpu_hours"]  # k - 1 slots a replica: more
+    shared = twin.rerun(tmp_path, dispatch="shared", policy={"gateway_queues": "shared"})
+    assert shared["recomputed"]["gpu_hours"] < doc["simulated"]["gpu_hours"]  # k slots a replica, not k - 1: fewer
     assert twin.main([str(tmp_path), "--policy-set", "gateway_queues=per-server"]) == 2
     assert "gateway_queues" in capsys.readouterr().err
     assert twin.main([str(tmp_path), "--policy-set", "no-equals-sign"]) == 2
