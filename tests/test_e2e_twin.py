@@ -55,3 +55,17 @@ def test_what_ifs_change_the_twins_queues_and_policy_and_bad_ones_are_refused(tm
     assert "gateway_queues" in capsys.readouterr().err
     assert twin.main([str(tmp_path), "--policy-set", "no-equals-sign"]) == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_the_twin_replays_the_node_waits_and_start_ups_a_run_recorded(tmp_path):
+    """scale-to-zero: the wake's first nodes came 70 s sooner than the median and its first replicas started
+    in 105 s: the twin's held requests are served sooner, and more critical ones meet the SLO."""
+    doc = recorded(tmp_path)
+    wake_s = 35 * 60.0
+    timing = {**TIMING, "wait_series": [[wake_s + i, 340.0] for i in range(8)],
+              "startup_series": [[wake_s + i, 105.0] for i in range(8)]}
+    simulated = {**doc["simulated"], "node_timings": timing}
+    (tmp_path / "result.json").write_text(json.dumps({**doc, "simulated": simulated}))
+    out = twin.rerun(tmp_path)
+    assert out["recomputed"]["critical"] > out["recorded"]["critical"] + 0.02
+    assert out["hold"]["hold_p50_s"] < doc["simulated"]["hold"]["hold_p50_s"]

@@ -77,6 +77,26 @@ def test_new_replica_waits_for_a_node_unless_a_warm_slot_is_free():
     assert cluster.warm_slots == 0
 
 
+def test_a_twin_replays_the_live_node_waits_and_start_ups_its_requests_meet():
+    """Nodes requested at 100 s take the live waits of requests within a minute, in order (200 s, then 250 s);
+    the third finds none left and takes the configured 300 s; one requested far from any live request does
+    too. Start-ups alike: 80 s, then the configured 100 s."""
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
+                         node_waits=((90.0, 200.0), (95.0, 250.0), (1000.0, 10.0)), startups=((130.0, 80.0),))
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    cluster.advance(100.0)
+    cluster.scale_to(3)
+    assert sorted(p.ready_s for p in cluster.pods) == pytest.approx([100 + 200 + 80, 100 + 250 + 100, 100 + 300 + 100])
+    cluster.advance(500.0)
+    cluster.scale_to(4)  # 500 s: the live request at 1000 s is too far off
+    assert cluster.pods[-1].ready_s == pytest.approx(500 + 300 + 100)
+    assert model.worst_cold_start_s == pytest.approx(100 + 300)  # no replayed time is slower than the configured
+    slow = ClusterModel(node_waits=((0.0, 900.0),), node_jitter_ratio=0.0, startup_jitter_ratio=0.0)
+    assert slow.worst_cold_start_s == pytest.approx(120 + 900)
+    with pytest.raises(ValueError, match="node_waits"):
+        ClusterModel(node_waits=((0.0, -1.0),))
+
+
 def test_freed_slot_is_reused_before_a_new_node():
     model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0)
     cluster = SimCluster.started(model, replicas=3, now=0.0)

@@ -18,10 +18,16 @@ A new replica lands, in this order of preference:
 5. on a new node, which brings k slots: provisioning, then start-up; beyond `node_limit` (in nodes) it stays
    Pending, unplaced, at no cost, until the limit is raised.
 A placeholder goes to 2, 3 or 5. Start-up and provisioning times are drawn with jitter from a seeded RNG
-(deterministic). Scale-down removes unplaced and then not-ready replicas, least ready first; then ready ones
-from the least-used node, which is what the controller's pod-deletion-cost ordering makes the ReplicaSet do,
-so that whole nodes empty out. A slot freed on a ready node takes a placeholder still waiting for its node,
-as the scheduler would place that Pending pod.
+(deterministic). A twin of a live run replays the live times instead (`node_waits`, `startups`): a node (a
+replica) requested at t takes the time of the earliest live one requested within `REPLAY_MATCH_S` of t and
+not yet taken, so the first nodes of a batch arrive when the live ones did (a provisioner brings a batch in
+steps: at a cold start from zero, the first node and start-up decide when the first held request is served);
+one without a match takes a drawn time.
+
+Scale-down removes unplaced and then not-ready replicas, least ready first; then ready ones from the
+least-used node, which is what the controller's pod-deletion-cost ordering makes the ReplicaSet do, so that
+whole nodes empty out. A slot freed on a ready node takes a placeholder still waiting for its node, as the
+scheduler would place that Pending pod.
 
 GPU cost, in slot-seconds: replicas from creation (warming) to removal (serving), placeholders from request
 to removal or preemption (warm pool), free slots of empty nodes (idle) and of nodes in use (spare); node
@@ -48,6 +54,21 @@ import numpy as np
 
 from policies.types import ClusterState
 
+# A live run's node or replica request and its twin's for the same demand lie a few control ticks apart (the
+# live controller ticks on its own clock; creation times are kept to the second, 10 s of a run at factor 10).
+REPLAY_MATCH_S = 60.0
+
+
+def _replayed(left: list[tuple[float, float]], now: float) -> float | None:
+    """The time of the earliest request in `left` within REPLAY_MATCH_S of `now`, taken out of it; or None."""
+    for i, (requested, took) in enumerate(left):
+        if abs(requested - now) <= REPLAY_MATCH_S:
+            del left[i]
+            return took
+        if requested > now + REPLAY_MATCH_S:
+            return None
+    return None
+
 
 @dataclass(frozen=True)
 class ClusterModel:
@@ -65,8 +86,15 @@ class ClusterModel:
     node_limit: tuple[tuple[float, int], ...] = ()
     gpus_per_replica: int = 1
     gpus_per_node: int = 1
+    # (request time s, seconds) of a live run's node waits and replica start-ups, in order of request:
+    # replayed (above)
+    node_waits: tuple[tuple[float, float], ...] = ()
+    startups: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("node_waits", "startups"):
+            if any(len(w) != 2 or not all(math.isfinite(x) for x in w) or w[1] < 0 for w in getattr(self, name)):
+                raise ValueError(f"{name}: each must be (request time s, seconds >= 0), finite")
         for name in ("gpus_per_replica", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,10 +120,15 @@ class ClusterModel:
         return allowed
 
     @property
+    def slowest_provisioning_s(self) -> float:
+        """The longest a node can take, drawn with the jitter or replayed."""
+        return max([self.node_provisioning_s * (1 + self.node_jitter_ratio), *(w for _, w in self.node_waits)])
+
+    @property
     def worst_cold_start_s(self) -> float:
-        """The slowest a new replica on a new node can be, given the jitter."""
-        return (self.startup_s * (1 + self.startup_jitter_ratio)
-                + self.node_provisioning_s * (1 + self.node_jitter_ratio))
+        """The slowest a new replica on a new node can be, drawn with the jitter or replayed."""
+        startup = max([self.startup_s * (1 + self.startup_jitter_ratio), *(w for _, w in self.startups)])
+        return startup + self.slowest_provisioning_s
 
 
 @dataclass
@@ -223,6 +256,8 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.model.seed)
+        self._waits_left = list(self.model.node_waits)
+        self._startups_left = list(self.model.startups)
         self.costs.gpus_per_replica = self.model.gpus_per_replica
         self.costs.gpus_per_node = self.model.gpus_per_node
 
@@ -241,11 +276,15 @@ class SimCluster:
     # -- time -------------------------------------------------------------------------------------------
     def _startup(self) -> float:
         j = self.model.startup_jitter_ratio
-        return self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)
+        drawn = self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)  # drawn always: the same stream
+        replayed = _replayed(self._startups_left, self.now)
+        return drawn if replayed is None else replayed
 
     def _provisioning(self) -> float:
         j = self.model.node_jitter_ratio
-        return self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
+        drawn = self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
+        replayed = _replayed(self._waits_left, self.now)
+        return drawn if replayed is None else replayed
 
     # -- observation ----------------------------------------------------------------------------------------
     @property
@@ -337,7 +376,7 @@ class SimCluster:
         provisioned, which are among the last requested (every tick observes this; a fleet has hundreds of nodes)."""
         k, now = self.model.replicas_per_node, self.now
         warm, free = self._placeholders, k * len(self.nodes) - self.placed - self._placeholders
-        surely_arrived_s = now - self.model.node_provisioning_s * (1 + self.model.node_jitter_ratio) - 1.0
+        surely_arrived_s = now - self.model.slowest_provisioning_s - 1.0
         for n in reversed(self.nodes):  # in order of request, the latest first
             if n.created_s < surely_arrived_s:
                 break

@@ -56,7 +56,9 @@ def _summary(doc: dict) -> str:
     if t:
         lines.append(f"  simulated on the live node timings: provisioning {t['provisioning_s']} s median, "
                      f"{t['provisioning_p90_s']} s p90 ({t['waits']} pod waits); removal {t['removal_extra_s']} s "
-                     f"after consolidateAfter ({t['removals']} nodes); None = the configured figure")
+                     f"after consolidateAfter ({t['removals']} nodes); None = the configured figure"
+                     + ("; each wait and start-up replayed where the twin's request meets a live one"
+                        if "wait_series" in t else ""))
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['check']}: {check['detail']}")
     return "\n".join(lines)

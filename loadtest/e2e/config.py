@@ -90,8 +90,9 @@ class E2EConfig:
         """The same policy compressed, as the controller's config section."""
         return compress(self.spec(), self.factor)
 
-    def sim_config(self, *, node_idle_extra_s: float = 0.0,
-                   gpu_limits: tuple[tuple[float, int], ...] = ()) -> SimConfig:
+    def sim_config(self, *, node_idle_extra_s: float = 0.0, gpu_limits: tuple[tuple[float, int], ...] = (),
+                   node_waits: tuple[tuple[float, float], ...] = (),
+                   startups: tuple[tuple[float, float], ...] = ()) -> SimConfig:
         """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
         delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1). The NodePool's
         GPU limit in nodes (one GPU per replica, on one-GPU nodes): `gpu_limit` from the start, then each
@@ -101,11 +102,13 @@ class E2EConfig:
         the last readings are of the longest requests (not learned after a drop the policy takes for an outage:
         policies/stages/learn.py). The held requests see a replica Ready at the loop's next tick: it ticks every
         `HELD_TICK_S` of wall clock while requests are held, which is not compressed (`factor` x as long at
-        factor 1)."""
+        factor 1). `node_waits`, `startups`: the live run's node waits and start-ups, replayed
+        (`ClusterModel.node_waits`, `startups`)."""
         limit = ((0.0, self.gpu_limit),) + tuple(gpu_limits)
         cluster = ClusterModel(startup_s=self.startup_s, startup_jitter_ratio=self.startup_jitter_ratio,
                                node_provisioning_s=self.node_provisioning_s, node_jitter_ratio=0.0,
-                               node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit)
+                               node_idle_timeout_s=self.node_idle_s + node_idle_extra_s, node_limit=limit,
+                               node_waits=node_waits, startups=startups)
         hold_s = None
         if self.holding:
             hold_s = self.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)

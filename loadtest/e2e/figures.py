@@ -138,19 +138,24 @@ def gpu_hours(lifetimes: dict, *, start: float, end: float, factor: float) -> di
     return {k: round(v, 3) for k, v in totals.items()}
 
 
-def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: frozenset[str] = frozenset()) -> dict:
+def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: frozenset[str] = frozenset(),
+                 start: float | None = None) -> dict:
     """What the live cluster's nodes took, at factor 1, for the simulated twin: `provisioning_s` (median) and
     `provisioning_p90_s` of the waits of pods placed on a node created after them (creation -> placement, what
     the controller learns; not the pods named in `capped`, which the provisioner said it could not place, as
     the controller leaves them out), and `removal_extra_s` (median) of how long a node outlived its last pod beyond
     consolidateAfter (`idle_s`). None where the run had no such pod or node. Karpenter batches and validates
-    in real time, which the compression of every other duration magnifies by the factor."""
+    in real time, which the compression of every other duration magnifies by the factor. With `start` (the
+    run's start, on the lifetimes' clock): `wait_series`, each wait as [its pod's creation in scenario seconds,
+    the wait], in order of creation and placement, and `startup_series`, each model pod's start-up (placement
+    -> Ready) as [its creation, the start-up], in order of creation and readiness, which the twin replays
+    (`ClusterModel.node_waits`, `startups`)."""
     nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
     pods = [life for (kind, _), life in lifetimes.items()
             if kind in ("model", "placeholder") and life.get("node") in nodes]
-    waits = [(p["placed"] - p["created"]) * factor for p in pods
-             if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]
-             and p.get("name") not in capped]
+    waited = sorted((p for p in pods if nodes[p["node"]]["created"] > p["created"] and p["placed"] >= p["created"]
+                     and p.get("name") not in capped), key=lambda p: (p["created"], p["placed"]))
+    waits = [(p["placed"] - p["created"]) * factor for p in waited]
     extras = []
     for name, node in nodes.items():
         ran = [p for p in pods if p["node"] == name]
@@ -161,8 +166,18 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
     def pct(values: list[float], q: float) -> float | None:
         return round(float(np.percentile(values, q)), 1) if values else None
 
-    return {"provisioning_s": pct(waits, 50), "provisioning_p90_s": pct(waits, 90), "waits": len(waits),
-            "removal_extra_s": pct(extras, 50), "removals": len(extras)}
+    out = {"provisioning_s": pct(waits, 50), "provisioning_p90_s": pct(waits, 90), "waits": len(waits),
+           "removal_extra_s": pct(extras, 50), "removals": len(extras)}
+    if start is not None:
+        def at(p: dict) -> float:
+            return round((p["created"] - start) * factor, 1)
+
+        started = sorted((p for (kind, _), p in lifetimes.items() if kind == "model" and p.get("placed") is not None
+                          and p.get("ready") is not None and p["ready"] >= p["placed"]),
+                         key=lambda p: (p["created"], p["ready"]))
+        out["wait_series"] = [[at(p), round(w, 1)] for p, w in zip(waited, waits)]
+        out["startup_series"] = [[at(p), round((p["ready"] - p["placed"]) * factor, 1)] for p in started]
+    return out
 
 
 def simulated_figures(result: RunResult) -> dict:

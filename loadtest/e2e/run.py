@@ -111,7 +111,7 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     capped = frozenset(e["involvedObject"]["name"] for e in events if e.get("involvedObject", {}).get("kind") == "Pod"
                        and provisioner_cannot(e.get("reason"), (e.get("source") or {}).get("component")
                                               or e.get("reportingComponent") or ""))
-    timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped)
+    timing = node_timings(lifetimes, factor=factor, idle_s=config.node_idle_s, capped=capped, start=start_at)
     sim, simulated = twin(config, workload, initial, timing, gpu_limits=gpu_limits)
     doc = {
         "scenario": name, "factor": factor, "started_at": start_at, "initial_replicas": initial,

@@ -63,10 +63,16 @@ def simulate(config: E2EConfig, workload, initial: int, sim_config, *,
 def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
          gpu_limits: tuple[tuple[float, int], ...] = ()) -> tuple[RunResult, dict]:
     """The twin on the live node timings (`timing`: `figures.node_timings`; a None figure is the configured
-    one): the run and its figures (`simulated` in result.json)."""
+    one; its `wait_series` and `startup_series`, where the run recorded them, replayed): the run and its
+    figures (`simulated` in result.json)."""
     cluster = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
+
+    def series(key: str) -> tuple[tuple[float, float], ...]:
+        return tuple((float(t), float(w)) for t, w in timing.get(key) or ())
+
     sim = simulate(cluster, workload, initial,
-                   cluster.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0),
+                   cluster.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0,
+                                      node_waits=series("wait_series"), startups=series("startup_series")),
                    node_learned_s=timing["provisioning_p90_s"])
     return sim, {**simulated_figures(sim), "node_timings": timing}
 
