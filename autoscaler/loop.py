@@ -89,10 +89,11 @@ class PriorityCounter:
         self.counts[priority] = self.counts.get(priority, 0) + 1
 
     def rates(self, now: float, window_s: float = 0.0) -> dict[str, float]:
-        """Per-class rates since the latest earlier reading at least `window_s` old (the oldest kept, when none
-        is). While requests are held at zero the loop ticks at once on each arrival: the time since the last
-        tick then ends at the arrival that woke it, and a count over it reads several times the rate (one
-        request over a tenth of a second). Over half a tick, ticks on the period read one tick, as before."""
+        """Per-class rates since the latest earlier reading at least `window_s` old (the oldest kept, over
+        `window_s`, when none is). While requests are held at zero the loop ticks at once on each arrival: the
+        time since the last tick then ends at the arrival that woke it, and a count over it reads several
+        times the rate (one request over a tenth of a second). Over half a tick, ticks on the period read one
+        tick, as before."""
         snapshot, kept = dict(self.counts), self._snapshots
         if kept and now < kept[-1][0]:  # the clock stepped back: start again
             kept.clear()
@@ -102,7 +103,7 @@ class PriorityCounter:
         kept.append((now, snapshot))
         if base is None or now <= base[0]:
             return {}
-        dt = now - base[0]
+        dt = max(now - base[0], window_s)  # just after a start no reading is that old: never a shorter count
         return {k: (v - base[1].get(k, 0)) / dt for k, v in snapshot.items()}
 
 

@@ -64,6 +64,8 @@ def test_node_timings_for_the_twin_come_from_pod_waits_and_node_removals():
     t = node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)
     assert t["wait_series"] == [[100.0, 410.0]]
     assert t["startup_series"] == [[100.0, 120.0], [200.0, 20.0]]
+    lifetimes[("model", "1")]["ready_at"] = 151.0  # the Ready condition's time, where read, over when seen
+    assert node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)["startup_series"][0] == [100.0, 100.0]
 
 
 def _context(scenario: str, *, timeline: list[dict], attainment: dict, windows: dict | None = None):

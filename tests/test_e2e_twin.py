@@ -69,3 +69,12 @@ def test_the_twin_replays_the_node_waits_and_start_ups_a_run_recorded(tmp_path):
     out = twin.rerun(tmp_path)
     assert out["recomputed"]["critical"] > out["recorded"]["critical"] + 0.02
     assert out["hold"]["hold_p50_s"] < doc["simulated"]["hold"]["hold_p50_s"]
+
+
+@pytest.mark.parametrize("bad", [[[1.0, None]], [[1.0]], [[1.0, -5.0]], [["a", 1.0]], "x", [[1.0, float("nan")]]])
+def test_a_malformed_series_in_a_folder_is_a_clear_error(tmp_path, capsys, bad):
+    doc = recorded(tmp_path, name="short-burst")
+    simulated = {**doc["simulated"], "node_timings": {**TIMING, "wait_series": bad}}
+    (tmp_path / "result.json").write_text(json.dumps({**doc, "simulated": simulated}))
+    assert twin.main([str(tmp_path)]) == 2
+    assert "node_timings.wait_series" in capsys.readouterr().err

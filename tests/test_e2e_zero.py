@@ -161,6 +161,11 @@ def test_the_gateway_names_the_requests_it_held_so_a_short_hold_counts_and_a_sta
     dropped = {**_record(2, 60.0, status=503, latency_s=600.0, retry_after="5"), "gateway_hold_s": None}
     annotate_holds([dropped], REQUESTS, server=E2EConfig().server, factor=FACTOR)
     assert dropped["hold_s"] == 600.0  # the hold that expired (answered by the gateway's @shed, no header)
+    # a request the gateway held whose wait the harness reads as none (its answer came quick on the wall
+    # clock): held for as long as the gateway says
+    quick = {**_record(3, 60.0, latency_s=10.1), "gateway_hold_s": 2.5}
+    annotate_holds([quick], REQUESTS, server=E2EConfig().server, factor=FACTOR)
+    assert quick["hold_s"] == pytest.approx(2.5) and holds([quick])["held_requests"] == 1
 
 
 def test_the_load_generator_reads_the_gateways_hold():

@@ -275,3 +275,7 @@ def test_ticks_woken_by_each_held_request_read_the_rate_over_half_a_tick_at_leas
     again.rates(1000.0, 7.5)
     again.add("standard")
     assert again.rates(999.0, 7.5) == {} and again.rates(1014.0, 7.5) == {"standard": 0.0}
+    started = PriorityCounter()  # just after a start, before any reading is half a tick old
+    started.rates(2000.0, 7.5)
+    started.add("critical")
+    assert started.rates(2000.05, 7.5) == {"critical": pytest.approx(1 / 7.5)}  # not 1 / 0.05 = 20 req/s

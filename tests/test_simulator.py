@@ -78,11 +78,11 @@ def test_new_replica_waits_for_a_node_unless_a_warm_slot_is_free():
 
 
 def test_a_twin_replays_the_live_node_waits_and_start_ups_its_requests_meet():
-    """Nodes requested at 100 s take the live waits of requests within a minute, in order (200 s, then 250 s);
-    the third finds none left and takes the configured 300 s; one requested far from any live request does
-    too. Start-ups alike: 80 s, then the configured 100 s."""
+    """Nodes requested at 100 s take the live waits of requests within a minute, in order (200 s, then 250 s,
+    however the series is ordered); the third finds none within a minute and takes the configured 300 s; one
+    requested far from any live request does too. Start-ups alike: 80 s, then the configured 100 s."""
     model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
-                         node_waits=((90.0, 200.0), (95.0, 250.0), (1000.0, 10.0)), startups=((130.0, 80.0),))
+                         node_waits=((1000.0, 10.0), (90.0, 200.0), (95.0, 250.0)), startups=((130.0, 80.0),))
     cluster = SimCluster.started(model, replicas=0, now=0.0)
     cluster.advance(100.0)
     cluster.scale_to(3)
@@ -95,6 +95,36 @@ def test_a_twin_replays_the_live_node_waits_and_start_ups_its_requests_meet():
     assert slow.worst_cold_start_s == pytest.approx(120 + 900)
     with pytest.raises(ValueError, match="node_waits"):
         ClusterModel(node_waits=((0.0, -1.0),))
+
+
+def test_a_replay_leaves_the_drawn_times_of_the_rest_as_they_were():
+    """With jitter, replicas the series does not meet get the very times they get without a series: the
+    replay takes its values without moving the seeded draws."""
+    def ready_times(**replay):
+        cluster = SimCluster.started(ClusterModel(**replay), replicas=0, now=0.0)
+        cluster.advance(100.0)
+        cluster.scale_to(3)
+        cluster.advance(5000.0)
+        cluster.scale_to(5)
+        return [p.ready_s for p in cluster.pods]
+
+    plain = ready_times()
+    assert len(set(plain)) == 5  # drawn with jitter
+    assert ready_times(node_waits=((9000.0, 1.0),), startups=((9000.0, 1.0),)) == plain  # met by none
+    replayed = ready_times(node_waits=((100.0, 200.0),), startups=((100.0, 80.0),))
+    assert replayed[0] == pytest.approx(100 + 200 + 80)
+    assert sorted(replayed[1:]) == sorted(plain[1:])
+
+
+def test_a_replica_held_by_the_node_limit_replays_the_start_up_of_its_order():
+    """Ordered at 100 s beyond a limit raised at 400 s: its start-up is the one recorded at its order."""
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=50.0, node_jitter_ratio=0.0,
+                         node_limit=((0.0, 0), (400.0, 5)), startups=((100.0, 70.0), (400.0, 130.0)))
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    cluster.advance(100.0)
+    cluster.scale_to(1)
+    cluster.advance(400.0)
+    assert cluster.pods[0].ready_s == pytest.approx(400 + 50 + 70)
 
 
 def test_freed_slot_is_reused_before_a_new_node():

@@ -256,8 +256,8 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.model.seed)
-        self._waits_left = list(self.model.node_waits)
-        self._startups_left = list(self.model.startups)
+        self._waits_left = sorted(self.model.node_waits, key=lambda w: w[0])  # stable: ties keep their order
+        self._startups_left = sorted(self.model.startups, key=lambda w: w[0])
         self.costs.gpus_per_replica = self.model.gpus_per_replica
         self.costs.gpus_per_node = self.model.gpus_per_node
 
@@ -274,10 +274,11 @@ class SimCluster:
         return cluster
 
     # -- time -------------------------------------------------------------------------------------------
-    def _startup(self) -> float:
+    def _startup(self, requested: float | None = None) -> float:
+        """A replica's start-up; `requested`: when it was ordered (now unless it waited for the node limit)."""
         j = self.model.startup_jitter_ratio
         drawn = self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)  # drawn always: the same stream
-        replayed = _replayed(self._startups_left, self.now)
+        replayed = _replayed(self._startups_left, self.now if requested is None else requested)
         return drawn if replayed is None else replayed
 
     def _provisioning(self) -> float:
@@ -397,8 +398,9 @@ class SimCluster:
             return max(nodes, key=lambda n: (n.used, -math.inf if n.empty_since is None else n.empty_since))
         return min(nodes, key=lambda n: n.ready_s)
 
-    def _place(self) -> tuple[_Node, float] | None:
-        """Where a new replica goes and when it is Ready; None when only a node beyond the limit would do."""
+    def _place(self, requested: float | None = None) -> tuple[_Node, float] | None:
+        """Where a new replica goes and when it is Ready; None when only a node beyond the limit would do.
+        `requested`: when it was ordered, if before now (it waited for the node limit)."""
         now = self.now
         warm = [n for n in self.nodes if n.placeholders and self._arrived(n)] if self._placeholders else []
         if warm:
@@ -407,15 +409,15 @@ class SimCluster:
             self.costs.warm_pool_s += now - node.placeholders.pop()
             self._placeholders -= 1
             self.warm_churn.preempted += 1
-            return node, now + self._startup()
+            return node, now + self._startup(requested)
         node = self._room(arrived=True)
         if node is not None:
             self._occupy(node)
-            return node, now + self._startup()
+            return node, now + self._startup(requested)
         node = self._room(arrived=False)
         if node is not None:
             self._occupy(node)
-            return node, node.ready_s + self._startup()
+            return node, node.ready_s + self._startup(requested)
         waiting = [n for n in self.nodes if n.placeholders] if self._placeholders else []
         if waiting:
             node = min(waiting, key=lambda n: n.ready_s)
@@ -423,11 +425,11 @@ class SimCluster:
             self.costs.warm_pool_s += now - node.placeholders.pop(0)
             self._placeholders -= 1
             self.warm_churn.preempted += 1
-            return node, node.ready_s + self._startup()
+            return node, node.ready_s + self._startup(requested)
         if len(self.nodes) >= self.model.nodes_allowed(now):
             return None
         node = self._new_node()
-        return node, node.ready_s + self._startup()
+        return node, node.ready_s + self._startup(requested)
 
     def _land(self, node: _Node, ready: float) -> _Pod:
         pod = _Pod(self.now, ready, node)
@@ -483,10 +485,11 @@ class SimCluster:
             self._drop(node, node.empty_since + timeout)
         self.now = now
         while self.unplaced:
-            placed = self._place()
+            created = self.unplaced[0]
+            placed = self._place(created)
             if placed is None:
                 break
-            created = self.unplaced.pop(0)
+            self.unplaced.pop(0)
             self.pods.remove(next(p for p in self.pods if p.created_s == created and p.node is None))
             pod = self._land(*placed)  # billed from now on
             self.capacity_lags_s.append(pod.ready_s - created)

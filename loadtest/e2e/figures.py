@@ -11,7 +11,7 @@ figures from the simulator on the same trace and parameters.
 - scale to zero (`holds`, `wake`): a request is held when the gateway's answer says so (X-Held-Seconds, the
   load generator's `gateway_hold_s`), or is a deliberate 503; its hold is its whole exchange less the server's
   queue and service time. Records made before the gateway sent the header count a request as held when it
-  waited so longer than `HELD_MIN_WALL_S` of wall clock, which a request that is not held does not do unless
+  waited longer than `HELD_MIN_WALL_S` of wall clock, which a request that is not held does not do unless
   the machine stalls (the admission endpoint's ordinary subrequest times out at 250 ms): a hold of up to 5 s
   at factor 10 went uncounted there, and such a request met the 2-s SLO; in a run whose model does not scale
   to zero no request is held (`annotate_holds`'s `holding`): there a half-second stall of the load generator
@@ -59,8 +59,9 @@ def annotate_holds(records: list[dict], requests: dict, *, server: ServerModel, 
             waited = r["latency_s"] - r["queue_s"] - server.service_s(req.input_tokens, req.output_tokens)
         else:
             waited = r["latency_s"] if deliberate_503(r) and r["latency_s"] is not None else 0.0
-        if "gateway_hold_s" in r:  # the gateway said which requests it held (X-Held-Seconds)
-            r["hold_s"] = max(waited, 0.0) if r["gateway_hold_s"] is not None or deliberate_503(r) else 0.0
+        if "gateway_hold_s" in r:  # the gateway said which requests it held (X-Held-Seconds), and how long
+            said = r["gateway_hold_s"]
+            r["hold_s"] = max(waited, said or 0.0, 0.0) if said is not None or deliberate_503(r) else 0.0
         else:
             r["hold_s"] = waited if waited > HELD_MIN_WALL_S * factor else 0.0
 
@@ -148,7 +149,8 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
     in real time, which the compression of every other duration magnifies by the factor. With `start` (the
     run's start, on the lifetimes' clock): `wait_series`, each wait as [its pod's creation in scenario seconds,
     the wait], in order of creation and placement, and `startup_series`, each model pod's start-up (placement
-    -> Ready) as [its creation, the start-up], in order of creation and readiness, which the twin replays
+    -> Ready, the conditions' times where read) as [its creation, the start-up], in order of creation and
+    readiness (the pods the limit held too: the twin keys a replica by its order), which the twin replays
     (`ClusterModel.node_waits`, `startups`)."""
     nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
     pods = [life for (kind, _), life in lifetimes.items()
@@ -172,11 +174,14 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
         def at(p: dict) -> float:
             return round((p["created"] - start) * factor, 1)
 
+        def ready(p: dict) -> float | None:  # the Ready condition's time where it was read, else when seen
+            return p.get("ready_at") if p.get("ready_at") is not None else p.get("ready")
+
         started = sorted((p for (kind, _), p in lifetimes.items() if kind == "model" and p.get("placed") is not None
-                          and p.get("ready") is not None and p["ready"] >= p["placed"]),
-                         key=lambda p: (p["created"], p["ready"]))
+                          and ready(p) is not None and ready(p) >= p["placed"]),
+                         key=lambda p: (p["created"], ready(p)))
         out["wait_series"] = [[at(p), round(w, 1)] for p, w in zip(waited, waits)]
-        out["startup_series"] = [[at(p), round((p["ready"] - p["placed"]) * factor, 1)] for p in started]
+        out["startup_series"] = [[at(p), round((ready(p) - p["placed"]) * factor, 1)] for p in started]
     return out
 
 

@@ -228,6 +228,9 @@ class Stack:
                                                    "gone": None, "gpus": 1, "name": meta["name"]})
             if ready and life["ready"] is None:
                 life["ready"] = now
+                # the Ready condition's own time, to the second as placement is: a start-up's end unbiased
+                # by the harness's sampling (the twin replays start-ups, figures.node_timings)
+                life["ready_at"] = facts.ready_s
             if facts.deleting and life["gone"] is None:
                 life["gone"] = now
             if facts.node and "node" not in life:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -68,7 +69,14 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
     cluster = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
 
     def series(key: str) -> tuple[tuple[float, float], ...]:
-        return tuple((float(t), float(w)) for t, w in timing.get(key) or ())
+        values = timing.get(key) or ()
+        if not isinstance(values, list | tuple) or not all(
+                isinstance(v, list | tuple) and len(v) == 2 and all(
+                    isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+                and v[1] >= 0 for v in values):
+            raise ConfigError(f"node_timings.{key}: expected a list of [scenario seconds, seconds >= 0] "
+                              f"pairs of finite numbers, got {str(values)[:80]}")
+        return tuple((float(t), float(w)) for t, w in values)
 
     sim = simulate(cluster, workload, initial,
                    cluster.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0,
