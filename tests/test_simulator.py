@@ -78,15 +78,16 @@ def test_new_replica_waits_for_a_node_unless_a_warm_slot_is_free():
 
 
 def test_a_twin_replays_the_live_node_waits_and_start_ups_its_requests_meet():
-    """Nodes requested at 100 s take the live waits of requests within a minute, in order (200 s, then 250 s,
-    however the series is ordered); the third finds none within a minute and takes the configured 300 s; one
-    requested far from any live request does too. Start-ups alike: 80 s, then the configured 100 s."""
+    """Nodes requested at 100 s take the live nodes requested within a minute, in order of request however the
+    series is ordered, and arrive when those did (90 + 200 s, 95 + 250 s: the provisioner's batches are on its
+    clock); the third finds none within a minute and takes the configured 300 s; one requested far from any
+    live request does too. Start-ups last as long as the live one met: 80 s, then the configured 100 s."""
     model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
                          node_waits=((1000.0, 10.0), (90.0, 200.0), (95.0, 250.0)), startups=((130.0, 80.0),))
     cluster = SimCluster.started(model, replicas=0, now=0.0)
     cluster.advance(100.0)
     cluster.scale_to(3)
-    assert sorted(p.ready_s for p in cluster.pods) == pytest.approx([100 + 200 + 80, 100 + 250 + 100, 100 + 300 + 100])
+    assert sorted(p.ready_s for p in cluster.pods) == pytest.approx([90 + 200 + 80, 95 + 250 + 100, 100 + 300 + 100])
     cluster.advance(500.0)
     cluster.scale_to(4)  # 500 s: the live request at 1000 s is too far off
     assert cluster.pods[-1].ready_s == pytest.approx(500 + 300 + 100)

@@ -19,10 +19,11 @@ A new replica lands, in this order of preference:
    Pending, unplaced, at no cost, until the limit is raised.
 A placeholder goes to 2, 3 or 5. Start-up and provisioning times are drawn with jitter from a seeded RNG
 (deterministic). A twin of a live run replays the live times instead (`node_waits`, `startups`): a node (a
-replica) requested at t takes the time of the earliest live one requested within `REPLAY_MATCH_S` of t and
-not yet taken, so the first nodes of a batch arrive when the live ones did (a provisioner brings a batch in
-steps: at a cold start from zero, the first node and start-up decide when the first held request is served);
-one without a match takes a drawn time.
+replica) requested at t takes the live one requested earliest within `REPLAY_MATCH_S` of t and not yet
+taken: the node arrives when that live one did (its request time plus its wait), the replica starts up for
+as long as that one did. So the nodes of a batch arrive when the live ones did (a provisioner brings a batch
+in steps, on its own clock: at a cold start from zero, the first node and start-up decide when the first
+held request is served); one without a match takes a drawn time.
 
 Scale-down removes unplaced and then not-ready replicas, least ready first; then ready ones from the
 least-used node, which is what the controller's pod-deletion-cost ordering makes the ReplicaSet do, so that
@@ -59,12 +60,13 @@ from policies.types import ClusterState
 REPLAY_MATCH_S = 60.0
 
 
-def _replayed(left: list[tuple[float, float]], now: float) -> float | None:
-    """The time of the earliest request in `left` within REPLAY_MATCH_S of `now`, taken out of it; or None."""
+def _replayed(left: list[tuple[float, float]], now: float) -> tuple[float, float] | None:
+    """The earliest (request time, seconds) in `left` requested within REPLAY_MATCH_S of `now`, taken out of
+    it; or None."""
     for i, (requested, took) in enumerate(left):
         if abs(requested - now) <= REPLAY_MATCH_S:
             del left[i]
-            return took
+            return requested, took
         if requested > now + REPLAY_MATCH_S:
             return None
     return None
@@ -279,13 +281,15 @@ class SimCluster:
         j = self.model.startup_jitter_ratio
         drawn = self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)  # drawn always: the same stream
         replayed = _replayed(self._startups_left, self.now if requested is None else requested)
-        return drawn if replayed is None else replayed
+        return drawn if replayed is None else replayed[1]
 
     def _provisioning(self) -> float:
         j = self.model.node_jitter_ratio
         drawn = self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
         replayed = _replayed(self._waits_left, self.now)
-        return drawn if replayed is None else replayed
+        # the node arrives when the live one did: a provisioner launches by batch on its own clock, so a
+        # request a little later than the live one is served by the same batch (at least at once)
+        return drawn if replayed is None else max(0.0, replayed[0] + replayed[1] - self.now)
 
     # -- observation ----------------------------------------------------------------------------------------
     @property
