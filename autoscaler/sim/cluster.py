@@ -47,6 +47,7 @@ all of it, from its request on, as its own, so the clusters' summed bill is the 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -121,9 +122,9 @@ class ClusterModel:
                 allowed = nodes
         return allowed
 
-    @property
+    @functools.cached_property
     def slowest_provisioning_s(self) -> float:
-        """The longest a node can take, drawn with the jitter or replayed."""
+        """The longest a node can take, drawn with the jitter or replayed (every tick reads it: kept)."""
         return max([self.node_provisioning_s * (1 + self.node_jitter_ratio), *(w for _, w in self.node_waits)])
 
     @property

@@ -70,10 +70,7 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
 
     def series(key: str) -> tuple[tuple[float, float], ...]:
         values = timing.get(key) or ()
-        if not isinstance(values, list | tuple) or not all(
-                isinstance(v, list | tuple) and len(v) == 2 and all(
-                    isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v)
-                and v[1] >= 0 for v in values):
+        if not isinstance(values, list | tuple) or not all(_timed_pair(v) for v in values):
             raise ConfigError(f"node_timings.{key}: expected a list of [scenario seconds, seconds >= 0] "
                               f"pairs of finite numbers, got {str(values)[:80]}")
         return tuple((float(t), float(w)) for t, w in values)
@@ -83,6 +80,15 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
                                       node_waits=series("wait_series"), startups=series("startup_series")),
                    node_learned_s=timing["provisioning_p90_s"])
     return sim, {**simulated_figures(sim), "node_timings": timing}
+
+
+def _timed_pair(value: Any) -> bool:
+    """[scenario seconds, seconds >= 0], both finite numbers (a series' entry in result.json)."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return False
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value):
+        return False
+    return value[1] >= 0
 
 
 def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str, Any] | None = None) -> dict:
