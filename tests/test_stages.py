@@ -569,6 +569,18 @@ def test_burst_episodes_closer_than_a_start_up_are_one():
     assert fc.episodes(rates, 60.0, gap_ticks=1) == []
 
 
+def test_a_rate_the_cut_covers_does_not_join_the_burst_into_a_longer_episode():
+    # a burst to 100, then four ticks later one tick at 73: over the halfway threshold (72.0, the point forecast
+    # about 44) but under the cut (75): the cut serves it, so the burst stays a one-off; at 80 it is not
+    spec = PolicySpec()
+    for after, cut in ((73.0, 75.0), (80.0, 100.0)):
+        fs, _ = _feed(spec, [40.0] * 40 + [100.0] * 4 + [40.0] * 4 + [after] + [30.0] * 30)
+        quantiles = fc.envelope(spec, fs)
+        assert 72.0 < fc.point(fs, 1) + 0.5 * (quantiles[1] - fc.point(fs, 1)) < 73.0
+        kept, _ = fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.75, climbing=False)
+        assert kept[1] == pytest.approx(cut)
+
+
 def test_a_single_burst_envelope_is_cut_to_the_protected_share_and_nothing_without_classes():
     spec = PolicySpec()
     fs, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10)

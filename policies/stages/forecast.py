@@ -21,7 +21,8 @@ Both are upper bounds of the same quantity under different burst models; the tig
 SLO feedback stage corrects what both miss.
 
 A burst seen once is not yet a pattern: while the recent rates above the forecast come from a single
-episode (runs closer than a start-up count as one) that lasted less than a start-up, and demand is not
+episode (runs closer than a start-up count as one; a tick counts from halfway to the burst's height, and
+never below the cut, which serves it) that lasted less than a start-up, and demand is not
 climbing, the absolute envelope covers only the burst's protected share (the classes that are never
 shed); queueing and shedding absorb the rest, as they must anyway for a burst shorter than a start-up
 (capacity ordered at its first tick lands after it). A second episode within `burst_lookback_s` shows the
@@ -604,14 +605,17 @@ def recurring_only(
     """The envelope's quantiles with a one-off burst cut to its protected share (see the module docstring):
     one episode in the window, shorter than a start-up (`gap_ticks`), while demand is not climbing (a
     climb and a level that holds for a start-up are demand, not bursts). A burst counts from halfway
-    between the point forecast and the rate quantile."""
+    between the point forecast and the rate quantile, and never below the cut: a rate the cut covers is
+    served by it, so it shows no burst the cut would miss (without that floor, a tick near the cut two
+    minutes after a burst to 2x joined it into one episode longer than a start-up once the forecast had
+    fallen, and the cut was dropped: the short-burst drill's runs 4, 9 and 10)."""
     ratio, recent = quantiles
     base = point(fs, 1)
     if climbing or recent is None or base <= 0 or recent <= base or protected_share >= 1.0:
         return quantiles, None
-    spans = episodes(fs.rates, base + 0.5 * (recent - base), gap_ticks)
+    cut = max(base, recent * protected_share)
+    spans = episodes(fs.rates, max(base + 0.5 * (recent - base), cut), gap_ticks)
     if len(spans) != 1 or spans[0] >= gap_ticks:
         return quantiles, None
-    cut = max(base, recent * protected_share)
     return (ratio, cut), (f"forecast: one burst to {recent:.1f} req/s in the window, not yet a pattern: "
                           f"sized for its protected {protected_share:.0%} ({cut:.1f} req/s) until one recurs")
