@@ -58,12 +58,18 @@ def test_under_a_binding_limit_the_fleet_serves_the_top_tier_and_sheds_the_lower
     assert low["gpu_hours"] < top["gpu_hours"]
 
 
-def test_class_major_levels_serve_the_lower_tiers_critical_before_the_top_tiers_sheddable(limited, capsys):
+def test_class_major_levels_serve_the_lower_tiers_critical_before_the_top_tiers_sheddable(capsys):
     """The same binding limit with class-major levels: the lower tier's critical and standard classes are
-    served before the top tier's sheddable, so the top tier sheds more than tier-major lets it."""
-    out = run(capsys, "--gpu-limit", str(limited["gpu_limit"]), "--policies", "fleet", "--levels", "class-major")
-    tier_major = limited["policies"][0]["models"]
-    class_major = out["policies"][0]["models"]
+    served before the top tier's sheddable, so the top tier sheds more than tier-major lets it. Over half an
+    hour: the first quarter holds a single burst of the lower tier, and how its own policy takes that burst
+    (the one-off burst rule: ordered for its protected share, or in full) decides the standard class's
+    attainment there by a few ticks either way."""
+    def fleet(*levels: str) -> dict:
+        assert bench.main(["--fleet", FLEET, "--hours", "0.5", "--gpu-limit", "60%", "--policies", "fleet",
+                           *levels, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["policies"][0]["models"]
+
+    tier_major, class_major = fleet(), fleet("--levels", "class-major")
     top, low = "azure-llm-2023-code", "azure-llm-2023-code#2"
     assert class_major[top]["shed_by_class"]["sheddable"] > tier_major[top]["shed_by_class"]["sheddable"]
     assert class_major[low]["slo_attainment"]["standard"] > tier_major[low]["slo_attainment"]["standard"]
