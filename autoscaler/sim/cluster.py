@@ -73,6 +73,16 @@ def _replayed(left: list[tuple[float, float]], now: float) -> tuple[float, float
     return None
 
 
+def timed_pair(value: object) -> bool:
+    """(request time s, seconds >= 0), both finite numbers: an entry of `ClusterModel.node_waits` or
+    `startups`, and of the series a closed-loop run records for them (read back from its result.json)."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return False
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value):
+        return False
+    return value[1] >= 0
+
+
 @dataclass(frozen=True)
 class ClusterModel:
     """The cluster's timing and shape. Replica and node shapes in GPUs: e.g. a 4-GPU (tensor-parallel)
@@ -96,7 +106,7 @@ class ClusterModel:
 
     def __post_init__(self) -> None:
         for name in ("node_waits", "startups"):
-            if any(len(w) != 2 or not all(math.isfinite(x) for x in w) or w[1] < 0 for w in getattr(self, name)):
+            if not all(timed_pair(w) for w in getattr(self, name)):
                 raise ValueError(f"{name}: each must be (request time s, seconds >= 0), finite")
         for name in ("gpus_per_replica", "gpus_per_node"):
             value = getattr(self, name)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from autoscaler.errors import ConfigError
+from autoscaler.sim.cluster import timed_pair
 from autoscaler.sim.dispatch import DISPATCHES, Dispatch
 from autoscaler.sim.run import PolicyRun, RunResult, initial_replicas, needed_replicas, run
 from autoscaler.sim.workload import WorkloadConfig, build
@@ -70,7 +70,7 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
 
     def series(key: str) -> tuple[tuple[float, float], ...]:
         values = timing.get(key) or ()
-        if not isinstance(values, list | tuple) or not all(_timed_pair(v) for v in values):
+        if not isinstance(values, list | tuple) or not all(timed_pair(v) for v in values):
             raise ConfigError(f"node_timings.{key}: expected a list of [scenario seconds, seconds >= 0] "
                               f"pairs of finite numbers, got {str(values)[:80]}")
         return tuple((float(t), float(w)) for t, w in values)
@@ -80,15 +80,6 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
                                       node_waits=series("wait_series"), startups=series("startup_series")),
                    node_learned_s=timing["provisioning_p90_s"])
     return sim, {**simulated_figures(sim), "node_timings": timing}
-
-
-def _timed_pair(value: Any) -> bool:
-    """[scenario seconds, seconds >= 0], both finite numbers (a series' entry in result.json)."""
-    if not isinstance(value, list | tuple) or len(value) != 2:
-        return False
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value):
-        return False
-    return value[1] >= 0
 
 
 def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str, Any] | None = None) -> dict:
