@@ -17,8 +17,8 @@ TRACE = str(BUNDLED_TRACE.parent)
 FLEET = f"{TRACE}:0,{TRACE}:1"
 
 
-def run(capsys, *flags: str) -> dict:
-    assert bench.main(["--fleet", FLEET, "--hours", "0.25", *flags, "--json"]) == 0
+def run(capsys, *flags: str, hours: str = "0.25") -> dict:
+    assert bench.main(["--fleet", FLEET, "--hours", hours, *flags, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -65,9 +65,7 @@ def test_class_major_levels_serve_the_lower_tiers_critical_before_the_top_tiers_
     (the one-off burst rule: ordered for its protected share, or in full) decides the standard class's
     attainment there by a few ticks either way."""
     def fleet(*levels: str) -> dict:
-        assert bench.main(["--fleet", FLEET, "--hours", "0.5", "--gpu-limit", "60%", "--policies", "fleet",
-                           *levels, "--json"]) == 0
-        return json.loads(capsys.readouterr().out)["policies"][0]["models"]
+        return run(capsys, "--gpu-limit", "60%", "--policies", "fleet", *levels, hours="0.5")["policies"][0]["models"]
 
     tier_major, class_major = fleet(), fleet("--levels", "class-major")
     top, low = "azure-llm-2023-code", "azure-llm-2023-code#2"
