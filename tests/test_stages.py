@@ -131,11 +131,13 @@ def test_node_provisioning_is_learned_per_node_type_and_the_slowest_type_counts(
 
 
 # -- forecast ---------------------------------------------------------------------------------------------
-def _feed(spec, rates, tick=15.0, start=0.0):
+def _feed(spec, rates, tick=15.0, start=0.0, shares=None):
+    """`shares`: each tick's protected share (per tick, or one for all; None: not measured)."""
     fs = ForecastState()
     t = start
-    for r in rates:
-        fs = fc.observe(spec, fs, r, t)
+    for i, r in enumerate(rates):
+        share = shares[i] if isinstance(shares, (list, tuple)) else shares
+        fs = fc.observe(spec, fs, r, t, share)
         t += tick
     return fs, t
 
@@ -574,21 +576,37 @@ def test_a_rate_the_cut_covers_does_not_join_the_burst_into_a_longer_episode():
     # about 44) but under the cut (75): the cut serves it, so the burst stays a one-off; at 80 it is not
     spec = PolicySpec()
     for after, cut in ((73.0, 75.0), (80.0, 100.0)):
-        fs, _ = _feed(spec, [40.0] * 40 + [100.0] * 4 + [40.0] * 4 + [after] + [30.0] * 30)
+        # every tick 75 % protected: the burst's share is 75 % (with the tick at 73 or 80 in it or not)
+        fs, _ = _feed(spec, [40.0] * 40 + [100.0] * 4 + [40.0] * 4 + [after] + [30.0] * 30, shares=0.75)
         quantiles = fc.envelope(spec, fs)
         assert 72.0 < fc.point(fs, 1) + 0.5 * (quantiles[1] - fc.point(fs, 1)) < 73.0
-        kept, _ = fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.75, climbing=False)
+        kept, _ = fc.recurring_only(fs, quantiles, gap_ticks=8, climbing=False)
         assert kept[1] == pytest.approx(cut)
 
 
 def test_a_single_burst_envelope_is_cut_to_the_protected_share_and_nothing_without_classes():
     spec = PolicySpec()
-    fs, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10)
+    fs, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10, shares=0.7)
     quantiles = fc.envelope(spec, fs)
-    cut, why = fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.7, climbing=False)
+    cut, why = fc.recurring_only(fs, quantiles, gap_ticks=8, climbing=False)
     assert quantiles[1] == 100.0 and cut[1] == pytest.approx(70.0) and "not yet a pattern" in why
-    assert fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=1.0, climbing=False) == (quantiles, None)
-    assert fc.recurring_only(fs, quantiles, gap_ticks=8, protected_share=0.7, climbing=True) == (quantiles, None)
-    assert fc.recurring_only(fs, quantiles, gap_ticks=4, protected_share=0.7, climbing=False) == (quantiles, None)
-    fs, _ = _feed(spec, [40.0] * 30 + ([100.0] * 4 + [40.0] * 10) * 2)
-    assert fc.recurring_only(fs, fc.envelope(spec, fs), gap_ticks=8, protected_share=0.7, climbing=False)[1] is None
+    assert fc.recurring_only(fs, quantiles, gap_ticks=8, climbing=True) == (quantiles, None)
+    assert fc.recurring_only(fs, quantiles, gap_ticks=4, climbing=False) == (quantiles, None)
+    unmeasured, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10)
+    assert fc.recurring_only(unmeasured, quantiles, gap_ticks=8, climbing=False) == (quantiles, None)
+    all_kept, _ = _feed(spec, [40.0] * 30 + [100.0] * 4 + [40.0] * 10, shares=1.0)
+    assert fc.recurring_only(all_kept, quantiles, gap_ticks=8, climbing=False) == (quantiles, None)
+    fs, _ = _feed(spec, [40.0] * 30 + ([100.0] * 4 + [40.0] * 10) * 2, shares=0.7)
+    assert fc.recurring_only(fs, fc.envelope(spec, fs), gap_ticks=8, climbing=False)[1] is None
+
+
+def test_the_cut_is_the_bursts_own_protected_share_whatever_a_later_tick_reads():
+    # the burst's four ticks 60 % protected but one at 80 % (65 % of its arrivals); the ticks after it read from
+    # 50 % to 90 %, the last 90 %: the cut stays at 65 % of the burst's 100 req/s
+    spec = PolicySpec()
+    rates = [40.0] * 30 + [100.0] * 4 + [40.0] * 6
+    shares = [0.7] * 30 + [0.6, 0.6, 0.8, 0.6] + [0.5, 0.9, 0.6, 0.7, 0.9, 0.9]
+    fs, _ = _feed(spec, rates, shares=shares)
+    cut, why = fc.recurring_only(fs, fc.envelope(spec, fs), gap_ticks=8, climbing=False)
+    assert cut[1] == pytest.approx(65.0) and "protected 65%" in why
+    assert fs.protected_share_ratio == 0.9  # this tick's share, which the cut used before

@@ -29,7 +29,6 @@ from policies.sizing import replicas_for_rate
 from policies.spec import PolicySpec
 from policies.stages import calibration
 from policies.stages import forecast as fc
-from policies.stages.shedding import protected_share
 from policies.types import ForecastState, Tick
 
 
@@ -39,7 +38,6 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     fs, sizing = tick.state.forecast, tick.sizing
     full = fc.envelope(spec, fs)
     quantiles, why = fc.recurring_only(fs, full, gap_ticks=max(1, math.ceil(tick.startup_s / spec.tick_s)),
-                                       protected_share=protected_share(spec, tick.clean.arrival_rate_by_priority),
                                        climbing=tick.rising is not None or tick.held is not None)
     lines = [why] if why else []
     at_lead = {"now": tick.now, "start_s": tick.lead_s, "end_s": tick.lead_s + spec.tick_s}
