@@ -52,14 +52,17 @@ def test_bad_trace_is_a_clear_error(tmp_path, capsys):
 
 def test_warm_capacity_halves_the_shedding_of_a_doubling(capsys):
     """The doubling drill (scenario:doubling), with the warm pool insuring a doubling against the same
-    policy without a warm pool: the sheddable class is shed for at most half as long and half as much."""
+    policy without a warm pool: the sheddable class is shed at most half as much and for at most 0.6 of the
+    time. (Over arrival seeds 1-10 the warm pool sheds 0.14-0.36 as much for 0.37-0.56 of the time; "half as
+    long" held on 8 of them, seed 1's 0.46 among them, and its 285 s against 615 became 300 s against 570 s
+    when a burst's protected share became its own, by a tick of shedding at minute 27.25.)"""
     args = ["--trace", "scenario:doubling", "--policies", "predictive,predictive-no-warm", "--json",
             "--policy-set", "warm_growth_min_ratio=1.0", "--policy-set", "max_warm_slots=32"]
     assert main(args) == 0
     rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
     warm, cold = rows["predictive"], rows["predictive-no-warm"]
     assert warm["warm_pool_gpu_hours"] > 0 and cold["warm_pool_gpu_hours"] == 0
-    assert warm["shed_time_s"]["sheddable"] <= 0.5 * cold["shed_time_s"]["sheddable"]
+    assert warm["shed_time_s"]["sheddable"] <= 0.6 * cold["shed_time_s"]["sheddable"]
     assert warm["shed_by_class"]["sheddable"] <= 0.5 * cold["shed_by_class"]["sheddable"]
     assert warm["time_to_capacity_s"]["p50"] < 0.5 * cold["time_to_capacity_s"]["p50"]
 
