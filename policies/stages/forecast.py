@@ -22,11 +22,12 @@ SLO feedback stage corrects what both miss.
 
 A burst seen once is not yet a pattern: while the recent rates above the forecast come from a single
 episode (runs closer than a start-up count as one; a tick counts from halfway to the burst's height, and
-never below the cut, which serves it) that lasted less than a start-up, and demand is not
-climbing, the absolute envelope covers only the burst's protected share (the share of its own arrivals
-in the classes that are never shed, not of the tick's); queueing and shedding absorb the rest, as they must anyway for a burst shorter than a start-up
-(capacity ordered at its first tick lands after it). A second episode within `burst_lookback_s` shows the
-bursts recur, and the envelope covers them in full; so it does for a rise that holds for a start-up.
+never below the cut, which serves it) that lasted less than a start-up, and demand is not climbing, the
+absolute envelope covers only the burst's protected share (the share of its own arrivals in the classes
+that are never shed, not of the tick's); queueing and shedding absorb the rest, as they must anyway for a
+burst shorter than a start-up (capacity ordered at its first tick lands after it). A second episode within
+`burst_lookback_s` shows the bursts recur, and the envelope covers them in full; so it does for a rise that
+holds for a start-up.
 
 Outages: arrivals that fall to under 5 % of what the model expects, when the model expects at least 20
 requests in the tick (under Poisson, practically impossible) and such drops are rare in the recent ratios
