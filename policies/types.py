@@ -141,9 +141,10 @@ class ForecastState:
     # than its window (a state built by hand): the quantile sorts the window.
     ratios_sorted: tuple[float, ...] = ()
     rates_sorted: tuple[float, ...] = ()
-    # The classes never shed, per tick, in step with `rates`: the tick's rate times its share of them (the last
-    # share measured when a tick's classes were not, 1.0 before any): a burst's own protected share is read
-    # from it (forecast.py, `recurring_only`). Of another length than `rates` (a state built by hand): no share.
+    # The classes never shed, per tick, in step with `rates`: the tick's rate times its share of them (the whole
+    # rate when a tick's classes were not measured: an unknown mix counts as protected, which cuts nothing): a
+    # burst's own protected share is read from it (forecast.py, `recurring_only`). Of another length than
+    # `rates` (a state built by hand): no share, no cut.
     protected_rates: tuple[float, ...] = ()
     # Start of an abrupt drop to (near) zero that the model finds implausible: an ingress outage.
     outage_since_s: float | None = None

@@ -610,3 +610,25 @@ def test_the_cut_is_the_bursts_own_protected_share_whatever_a_later_tick_reads()
     cut, why = fc.recurring_only(fs, fc.envelope(spec, fs), gap_ticks=8, climbing=False)
     assert cut[1] == pytest.approx(65.0) and "protected 65%" in why
     assert fs.protected_share_ratio == 0.9  # this tick's share, which the cut used before
+
+
+def test_the_cut_is_the_share_at_the_bursts_height_not_diluted_by_a_lower_tick_of_another_mix():
+    # a tick at 71 req/s, 50 % protected, 30 ticks before a burst to 100 at 75 %: above the halfway line, under
+    # the cut; the share is read where the burst reached its height, so the cut stays at 75, not 71
+    spec = PolicySpec()
+    rates = [40.0] * 10 + [71.0] + [40.0] * 29 + [100.0] * 4 + [40.0] * 6
+    shares = [0.75] * 10 + [0.5] + [0.75] * 29 + [0.75] * 4 + [0.75] * 6
+    fs, _ = _feed(spec, rates, shares=shares)
+    quantiles = fc.envelope(spec, fs)
+    assert fc.point(fs, 1) + 0.5 * (quantiles[1] - fc.point(fs, 1)) < 71.0
+    cut, _ = fc.recurring_only(fs, quantiles, gap_ticks=8, climbing=False)
+    assert cut[1] == pytest.approx(75.0)
+
+
+def test_a_burst_whose_classes_were_not_measured_is_not_cut():
+    # the classes measured at 50 % before the burst, not during it: an unknown mix counts as protected
+    spec = PolicySpec()
+    rates = [40.0] * 30 + [100.0] * 4 + [40.0] * 6
+    fs, _ = _feed(spec, rates, shares=[0.5] * 30 + [None] * 4 + [0.5] * 6)
+    quantiles = fc.envelope(spec, fs)
+    assert fc.recurring_only(fs, quantiles, gap_ticks=8, climbing=False) == (quantiles, None)

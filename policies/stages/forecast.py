@@ -23,11 +23,11 @@ SLO feedback stage corrects what both miss.
 A burst seen once is not yet a pattern: while the recent rates above the forecast come from a single
 episode (runs closer than a start-up count as one; a tick counts from halfway to the burst's height, and
 never below the cut, which serves it) that lasted less than a start-up, and demand is not climbing, the
-absolute envelope covers only the burst's protected share (the share of its own arrivals in the classes
-that are never shed, not of the tick's); queueing and shedding absorb the rest, as they must anyway for a
-burst shorter than a start-up (capacity ordered at its first tick lands after it). A second episode within
-`burst_lookback_s` shows the bursts recur, and the envelope covers them in full; so it does for a rise that
-holds for a start-up.
+absolute envelope covers only the burst's protected share (the share of the classes that are never shed
+in the arrivals of the ticks that reached its height, not in the tick's); queueing and shedding absorb the
+rest, as they must anyway for a burst shorter than a start-up (capacity ordered at its first tick lands
+after it). A second episode within `burst_lookback_s` shows the bursts recur, and the envelope covers them
+in full; so it does for a rise that holds for a start-up.
 
 Outages: arrivals that fall to under 5 % of what the model expects, when the model expects at least 20
 requests in the tick (under Poisson, practically impossible) and such drops are rare in the recent ratios
@@ -307,7 +307,9 @@ def observe(
     elif fs.outage_since_s is not None:
         fs = fs.changed(outage_since_s=None)
     # The share measured now is only stored until a silence reads it (above), so it joins the tick's last
-    # copy rather than making one of its own.
+    # copy rather than making one of its own. A tick without it counts wholly in the burst's protected
+    # rates (`recurring_only`): an unknown mix cuts nothing.
+    kept_rate = rate * (1.0 if protected is None else protected)
     protected = fs.protected_share_ratio if protected is None else protected
     fs = calibration.scored(spec, fs, rate, now)
     if fs.bucket_start_s is None:
@@ -320,7 +322,7 @@ def observe(
             ratio = min(_MAX_RATIO, rate / max(expected, floor, 1e-9))
             ratios, ratios_sorted = _slide(ratios, ratios_sorted, ratio, kept=_kept(spec))
     rates, rates_sorted = _slide(fs.rates, fs.rates_sorted, rate, kept=_kept(spec))
-    kept_rates = (fs.protected_rates + (rate * (1.0 if protected is None else protected),))[-_kept(spec):]
+    kept_rates = (fs.protected_rates + (kept_rate,))[-_kept(spec):]
     return fs.changed(bucket_sum=fs.bucket_sum + rate, bucket_n=fs.bucket_n + 1, ratios=ratios, rates=rates,
                       ratios_sorted=ratios_sorted, rates_sorted=rates_sorted, protected_share_ratio=protected,
                       protected_rates=kept_rates)
@@ -603,7 +605,8 @@ def episodes(rates: tuple[float, ...], threshold: float, gap_ticks: int) -> list
 
 def burst_share(fs: ForecastState, threshold: float) -> float:
     """The share of the classes never shed in the arrivals of the ticks at or above `threshold` (1.0 without
-    per-class rates kept in step with the rates, or without such ticks)."""
+    per-class rates kept in step with the rates, or without such ticks; a tick whose classes were not
+    measured counts as wholly protected)."""
     if len(fs.protected_rates) != len(fs.rates):
         return 1.0
     total = kept = 0.0
@@ -625,20 +628,20 @@ def recurring_only(
     minutes after a burst to 2x joined it into one episode longer than a start-up once the forecast had
     fallen, and the cut was dropped: the short-burst drill's runs 4, 9 and 10).
 
-    The share is the burst's own: of the arrivals in its ticks from halfway up (`burst_share`), the same
-    on every tick the burst is in the window. With this tick's share instead (some 60 requests a tick in
-    the short-burst drill, sd about 6 points), one tick at 72-74 % against the trace's 70 % sized the cut a
+    The share is the burst's own: of the arrivals in the ticks that reached its height (the rate quantile,
+    `burst_share`), the same on every tick while they are in the window, and not diluted by lower ticks
+    that a different mix brought near it. With this tick's share instead (some 60 requests a tick in the
+    short-burst drill, sd about 6 points), one tick at 72-74 % against the trace's 70 % sized the cut a
     replica higher two minutes after the burst, and the scale-down window kept it (runs 14-18, 4 of 5)."""
     ratio, recent = quantiles
     base = point(fs, 1)
     if climbing or recent is None or base <= 0 or recent <= base:
         return quantiles, None
-    halfway = base + 0.5 * (recent - base)
-    share = burst_share(fs, halfway)
+    share = burst_share(fs, recent)
     if share >= 1.0:
         return quantiles, None
     cut = max(base, recent * share)
-    spans = episodes(fs.rates, max(halfway, cut), gap_ticks)
+    spans = episodes(fs.rates, max(base + 0.5 * (recent - base), cut), gap_ticks)
     if len(spans) != 1 or spans[0] >= gap_ticks:
         return quantiles, None
     return (ratio, cut), (f"forecast: one burst to {recent:.1f} req/s in the window, not yet a pattern: "
