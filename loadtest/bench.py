@@ -318,9 +318,6 @@ def prepare(args: argparse.Namespace) -> Setup:
             raise ConfigError(describe(exc, "--idle-after-s")) from None
         max_hold_s = args.max_hold_s or default_max_hold_s(cluster.worst_cold_start_s)
         config = replace(config, max_hold_s=max_hold_s)
-        if args.dispatch != "shared":
-            raise ConfigError(f"--idle-after-s with --dispatch {args.dispatch}: the gateway's hold is modelled "
-                              "with the shared queue only")
     elif args.max_hold_s is not None:
         raise ConfigError("--max-hold-s needs --idle-after-s (holds happen only at zero replicas)")
     return Setup(workload, config, needed, initial_replicas(needed, config), bound, spec, classes, sheddable,

@@ -104,11 +104,9 @@ def test_arrivals_with_no_replica_ready_join_the_first_that_turns_ready():
     np.testing.assert_allclose(sim.wait + sim.w.arrival_s, [10.0, 10.0, 20.0, 20.0, 30.0, 30.0])
 
 
-def test_a_dispatch_it_does_not_know_or_a_hold_with_per_replica_queues_is_an_error():
+def test_a_dispatch_it_does_not_know_is_an_error():
     with pytest.raises(ValueError, match="dispatch: expected one of shared, least-conn"):
         RequestSim(_four_requests(), concurrency=1, slo_s=2.0, tick_s=1.0, dispatch="random")
-    with pytest.raises(ValueError, match="shared queue only"):
-        RequestSim(_four_requests(), concurrency=1, slo_s=2.0, tick_s=1.0, dispatch="least-conn", max_hold_s=60.0)
 
 
 def test_the_bench_hands_its_dispatch_to_the_simulator():
@@ -118,9 +116,7 @@ def test_the_bench_hands_its_dispatch_to_the_simulator():
     assert not isinstance(traffic_sim(setup.workload, setup.config)._queue, LeastConn)  # noqa: SLF001
 
 
-def test_the_bench_refuses_least_conn_on_a_rate_trace_or_with_a_hold(tmp_path, capsys):
+def test_the_bench_refuses_least_conn_on_a_rate_trace(tmp_path, capsys):
     (tmp_path / "chunk-0-trace.csv").write_text("0,1.0,2.0,Gamma,1,1\n600,0,0,,0,0\n")
     assert bench.main(["--trace", str(tmp_path), "--dispatch", "least-conn"]) == 2
     assert "--dispatch least-conn: modelled for request traces only" in capsys.readouterr().err
-    assert bench.main(["--trace", str(BUNDLED_TRACE), "--dispatch", "least-conn", "--idle-after-s", "300"]) == 2
-    assert "hold is modelled with the shared queue only" in capsys.readouterr().err

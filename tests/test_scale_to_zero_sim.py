@@ -1,5 +1,6 @@
 """Scale to zero in the simulators and the benchmark: requests arriving while no replica is ready are held
-until the first Ready replica, their wait counts against the SLO, and they are reported apart."""
+until the first Ready replica, their wait counts against the SLO, and they are reported apart. With one
+replica a queue per replica (`least-conn`) is the shared queue: the tests that wake one run with both."""
 
 import json
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from autoscaler.sim.cluster import ClusterModel, SimCluster
+from autoscaler.sim.dispatch import DISPATCHES
 from autoscaler.sim.hold import Holds
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
@@ -23,10 +25,12 @@ def requests(arrival_s, service_s=1.0):
                            uniform=np.full(n, 0.99), span_s=200.0)
 
 
-def test_requests_at_zero_are_held_until_the_first_ready_replica():
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_requests_at_zero_are_held_until_the_first_ready_replica(dispatch):
     """At zero from t=0, three requests arrive at 5, 6 and 7 s; a replica ordered at 15 s is Ready at 75 s:
     each is held until then (70, 69, 68 s), misses the 2-s SLO, and none is dropped (max hold 100 s)."""
-    sim = RequestSim(requests([5.0, 6.0, 7.0, 100.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=100.0)
+    sim = RequestSim(requests([5.0, 6.0, 7.0, 100.0]), concurrency=4, slo_s=2.0, tick_s=15.0, max_hold_s=100.0,
+                     dispatch=dispatch)
     cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
     for now in np.arange(0.0, 200.0, 15.0):
         cluster.advance(now)
@@ -70,13 +74,14 @@ def wake(sim, *, until_s=200.0, probe=None):
 HELD = ([5.0, 6.0, 7.0, 8.0, 9.0, 10.0], [1, 1, 1, 1, 0, 0])
 
 
-def test_held_requests_are_released_by_ready_capacity_critical_first():
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_held_requests_are_released_by_ready_capacity_critical_first(dispatch):
     """The Ready replica's 2 slots take the two critical requests at 75 s (held 66 and 65 s), then two
     standard ones as each pair completes (105 s, 135 s), in arrival order; the rest stay held meanwhile and the
     policy sees them as `held_requests`. Before, all six went to the replica at once, first come first served
     (the critical ones last, started at 135 s) and `held_requests` read 0 once a replica was Ready."""
     seen = {}
-    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0)
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0, dispatch=dispatch)
     outcome = wake(sim, probe=lambda now, signals: seen.setdefault(now, signals))
     np.testing.assert_allclose(sim.wait, [100.0, 99.0, 128.0, 127.0, 66.0, 65.0])  # old: [70, 69, 98, 97, 126, 125]
     np.testing.assert_allclose(sim.hold_s, sim.wait)  # released to a free slot: no queue wait at the replica
@@ -87,10 +92,11 @@ def test_held_requests_are_released_by_ready_capacity_critical_first():
                                "by_start": {"node": {"held_requests": 6.0, "hold_p50_s": 99.0, "hold_p99_s": 128.0}}}
 
 
-def test_the_release_sees_a_replica_ready_at_the_loops_next_tick():
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_the_release_sees_a_replica_ready_at_the_loops_next_tick(dispatch):
     """With `ready_seen_every_s` 10 (the loop's held tick, at factor 10), the replica Ready at 75 s releases
     the held requests from 80 s: every hold 5 s longer."""
-    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0,
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=300.0, dispatch=dispatch,
                      ready_seen_every_s=10.0)
     wake(sim)
     np.testing.assert_allclose(sim.hold_s, [105.0, 104.0, 133.0, 132.0, 71.0, 70.0])
@@ -111,10 +117,11 @@ def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
     assert seen[120.0].arrival_rate_by_priority == {"critical": 0.0, "standard": 0.0, "sheddable": 0.0}
 
 
-def test_a_request_held_past_max_hold_s_is_dropped_and_never_served():
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_a_request_held_past_max_hold_s_is_dropped_and_never_served(dispatch):
     """max_hold_s 110: the standard requests of 7 and 8 s, still held at 120 s, get the gateway's 503; the
     replica serves the other four only. Before, a drop was only counted and the request still served."""
-    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=110.0)
+    sim = RequestSim(mixed(*HELD, 30.0), concurrency=2, slo_s=2.0, tick_s=15.0, max_hold_s=110.0, dispatch=dispatch)
     outcome = wake(sim)
     assert list(sim.dropped) == [False, False, True, True, False, False]
     assert np.isnan(sim.wait[2:4]).all()  # never served
@@ -229,3 +236,23 @@ def test_bench_refuses_a_too_short_idle_window_and_max_hold_without_it(capsys):
     assert "idle_after_s (30) must be at least 4 ticks" in capsys.readouterr().err
     assert bench.main(ARGS + ["--max-hold-s", "100"]) == 2
     assert "--max-hold-s needs --idle-after-s" in capsys.readouterr().err
+
+
+def test_with_two_replicas_the_held_requests_go_one_to_each_as_the_replicas_take_them():
+    """Two replicas of one slot Ready at 75 s: the two critical requests leave first, one to each (held 66
+    and 65 s), then the standard ones as the slots free, in arrival order; the same as one shared queue."""
+    holds = {}
+    for dispatch in DISPATCHES:
+        sim = RequestSim(mixed(*HELD, 30.0), concurrency=1, slo_s=2.0, tick_s=15.0, max_hold_s=300.0,
+                         dispatch=dispatch)
+        cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+        for now in np.arange(0.0, 200.0, 15.0):
+            cluster.advance(now)
+            sim.signals(now, cluster)
+            if now == 15.0:
+                cluster.scale_to(2)
+            sim.serve(now, now + 15.0, cluster, {})
+        sim.finish(200.0)
+        holds[dispatch] = sim.hold_s.copy()
+        np.testing.assert_allclose(sim.hold_s, [100.0, 99.0, 128.0, 127.0, 66.0, 65.0])
+    np.testing.assert_array_equal(holds["shared"], holds["least-conn"])

@@ -13,7 +13,8 @@ slot keeps it. The admission signals still see one queue: its total depth.
 With `dispatch="least-conn"` each replica has its own queue instead (`dispatch.py`): an admitted arrival
 joins the Ready replica with the fewest requests in it, as nginx's `least_conn` commits it, and waits for
 that replica's slots; a removed replica serves what it holds. The signals' queue is the sum of the replicas'
-queues. The gateway's hold (scale to zero) is modelled with the shared queue only.
+queues. The gateway's hold (below) releases a held request to the replica with the fewest requests in it,
+as the endpoint's answer lets nginx send it on, as far as the Ready replicas take it.
 
 The saturation guard sees the queue as the admission endpoint does: read every `probe_s` (1 s) with the
 busy slots, and carried forward between readings with the requests admitted since (`carried_queue`).
@@ -109,9 +110,6 @@ class RequestSim:
                  dispatch: Dispatch = "shared") -> None:
         if dispatch not in DISPATCHES:
             raise ValueError(f"dispatch: expected one of {', '.join(DISPATCHES)}, got {dispatch!r}")
-        if dispatch != "shared" and max_hold_s is not None:
-            raise ValueError(f"dispatch {dispatch!r}: the gateway's hold (scale to zero) is modelled with the "
-                             "shared queue only")
         self.w = workload
         self.tick_s = tick_s
         # The admission endpoint's view of the queue is a probe of the model servers every `probe_s`
@@ -311,26 +309,75 @@ class RequestSim:
         assert isinstance(servers, LeastConn)
         servers.resize(cluster.ready(start), start)
         ready_at = deque(sorted(cluster.ready_times_between(start, end)))
+        seen_at = deque(self._seen_at(cluster, start, end))
+        holding = self.max_hold_s is not None
+        if guard.slots > 0:
+            self._per = guard.per_replica(self.k)
+        if self._holding and servers.ready:
+            self._release_least_conn(start, cluster, servers, admission=(levels, any_shed, depth, guard))
         while True:
             ta = arr[i] if i < n else INF
             tc = servers.next_completion_s()
             tr = ready_at[0] if ready_at else INF
-            if min(ta, tc, tr) >= end:
+            ts = seen_at[0] if seen_at else INF
+            t = min(ta, tc, tr, ts)
+            if t >= end:
                 break
-            if tc <= ta and tc <= tr:
+            if tc == t:
                 servers.complete()
-            elif tr <= ta:
+            elif tr == t:
                 turned = 0
                 while ready_at and ready_at[0] == tr:  # together: requests waiting for one spread over all
                     ready_at.popleft()
                     turned += 1
                 servers.resize(len(servers.ready) + turned, tr)
+            elif ts == t:
+                seen_at.popleft()
             else:
                 self._probe(ta, queued=len(servers), busy=servers.busy)
-                if self._admitted(i, ta, levels=levels, any_shed=any_shed, depth=depth, guard=guard):
+                if holding and (not servers.ready or self._holding):  # held: answered on its release
+                    self._hold(i, cluster, at_zero=not servers.ready)
+                elif self._admitted(i, ta, levels=levels, any_shed=any_shed, depth=depth, guard=guard):
                     servers.join(i, ta)
                 i += 1
+            if self._holding and servers.ready:
+                self._release_least_conn(t, cluster, servers, admission=(levels, any_shed, depth, guard))
         self._busy, self._i = servers.busy, i
+
+    def _seen_at(self, cluster: Cluster, start: float, end: float) -> list[float]:
+        """With `ready_seen_every_s` while requests may be held, the loop's ticks in [start, end) at which the
+        release first sees a replica Ready (nothing else happens then)."""
+        if self.max_hold_s is None or not self.ready_seen_every_s:
+            return []
+        every = self.ready_seen_every_s
+        seen = {math.ceil(r / every) * every for r in cluster.ready_times_between(start - every, end)}
+        return sorted(t for t in seen if start <= t < end)
+
+    def _hold(self, j: int, cluster: Cluster, *, at_zero: bool) -> None:
+        """Request `j` is held at the gateway until its release (the first at zero names the wake)."""
+        if not self._holding and at_zero:
+            self._wake = wake_start(cluster.state())
+        self.held[j] = True
+        self.wake_start[j] = self._wake
+        self._holding.push(-self._prio[j], j)
+
+    def _release_least_conn(self, t: float, cluster: Cluster, servers: LeastConn, *,
+                            admission: tuple[list[float], bool, list[float], Guard]) -> None:
+        """Held requests leave, in order, as far as the Ready replicas take them (as with the shared queue),
+        each to the replica with the fewest requests in it."""
+        levels, any_shed, depth, guard = admission
+        ready = len(servers.ready)
+        if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
+            ready = min(ready, cluster.ready(math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s))
+        left = room(ready=ready, slots=self.k, per=self._per, occupied=len(servers) + servers.busy)
+        while self._holding and left >= 1:
+            j = self._holding.pop()
+            self.hold_s[j] = t - self._arr[j]
+            if self.max_hold_s is not None and t - self._arr[j] > self.max_hold_s:
+                self.hold_s[j], self.dropped[j] = self.max_hold_s, True
+            elif self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard, released=True):
+                servers.join(j, t)
+                left -= 1
 
     def _probe(self, t: float, *, queued: int, busy: int) -> None:
         """The admission endpoint's reading of the servers, every `probe_s`."""
