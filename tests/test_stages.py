@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from types import SimpleNamespace
 
 from policies import PolicySpec, Sample, Signals
 from policies.stages import forecast as fc
@@ -284,6 +285,27 @@ def test_stabilization_holds_the_window_maximum_and_a_fresh_start_holds_current(
     assert n == 10
     n, history, _ = bound(spec, wanted=3, current=10, recommendations=history, lead_s=120.0, now=601.0)
     assert n == 3
+
+
+def test_a_decision_does_not_fall_back_below_the_last_one_within_a_tick_of_it(spec):
+    # ticks 50 ms apart at a wake: 12 decided, KEDA's HPA has not applied it, the Deployment still reads 8;
+    # the next tick wants 8 (its climb not seen this time): held at 12, the last decision, for the window
+    n, history, _ = bound(spec, wanted=12, current=8, recommendations=((0.0, 8),), lead_s=55.0, now=1.0)
+    assert n == 12
+    n, _, reasons = bound(spec, wanted=8, current=8, recommendations=history, lead_s=55.0, now=1.05, decided=12)
+    assert n == 12 and "holding 12" in reasons[0]
+    assert bound(spec, wanted=8, current=8, recommendations=history, lead_s=55.0, now=1.05)[0] == 8  # before
+    # what runs above the last decision still caps the hold at the window's maximum, as before
+    assert bound(spec, wanted=3, current=10, recommendations=((0.0, 6),), lead_s=55.0, now=1.0, decided=6)[0] == 6
+
+
+def test_the_last_decision_counts_only_within_a_tick_of_it(spec):
+    from policies.stages.bounds import _just_decided
+    from policies.types import PolicyState
+    state = PolicyState(last_replicas=12, recommendations=((100.0, 12),))
+    assert _just_decided(spec, SimpleNamespace(state=state, now=100.05)) == 12
+    assert _just_decided(spec, SimpleNamespace(state=state, now=100.0 + spec.tick_s)) is None  # a tick on: what runs
+    assert _just_decided(spec, SimpleNamespace(state=PolicyState(), now=1.0)) is None
 
 
 def test_stabilization_window_is_never_shorter_than_lead_time(spec):

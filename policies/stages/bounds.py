@@ -5,6 +5,12 @@
 - scale-down: to the highest recommendation within the stabilization window, which is never shorter than
   the current lead time: capacity released now could not come back before then. A fresh state counts the
   current replicas as a recommendation, so a (re)started controller never scales down on its first tick.
+  Within a tick of the last decision (the loop ticks on each held request at a wake, tens of milliseconds
+  apart), a scale-down is measured from the higher of what runs and that decision: the Deployment read
+  has not caught up with it (KEDA's HPA applies a decision at its next sync), and against what ran alone a
+  decision of 11 fell back to 8 on the next tick whenever the climb detector flickered, and KEDA read either
+  (live, `scale-to-zero-keda` runs 39-43: 5 to 11 such drops at each wake). A tick or more after it, what
+  runs is the measure, as before: the fleet's allocation may have trimmed the decision on purpose.
 - lean when steady: `scale_down_stabilization_s` beyond the lead time is insurance against bursts the
   forecast does not cover. While the traffic's own burst envelope says it is steady (the p99 of per-tick
   rate / forecast over `burst_lookback_s` at or under `steady_burst_ratio`), the predictive figure, sized
@@ -36,7 +42,10 @@ def bound(
     lead_s: float,
     now: float,
     steady: bool = False,
+    decided: int | None = None,
 ) -> tuple[int, tuple[tuple[float, int], ...], list[str]]:
+    """`decided`: the replicas last decided, if less than a tick ago (else None): a scale-down is measured
+    from the higher of it and `current` (see the module docstring)."""
     reasons: list[str] = []
     clamped = min(spec.max_replicas, max(spec.min_replicas, wanted))
     if clamped != wanted:
@@ -48,8 +57,9 @@ def bound(
         recommendations = ((now, current),)
     history = tuple(e for e in recommendations if now - e[0] < window) + ((now, clamped),)
     result = clamped
-    if clamped < current:
-        stabilized = min(current, max(r for _, r in history))
+    ran = max(current, decided) if decided is not None else current
+    if clamped < ran:
+        stabilized = min(ran, max(r for _, r in history))
         held = min(stabilized, spec.max_replicas)  # what runs above max_replicas is not held (below)
         if held > clamped:
             reasons.append(f"bounds: holding {held} (highest need in the last {window:.0f} s"
@@ -73,6 +83,14 @@ def within_bounds(spec: PolicySpec, replicas: int, current: int, reasons: list[s
     return replicas
 
 
+def _just_decided(spec: PolicySpec, tick: Tick) -> int | None:
+    """The replicas last decided, if that was less than a tick ago (the last recommendation's time)."""
+    recommendations = tick.state.recommendations
+    if tick.state.last_replicas is None or not recommendations or tick.now - recommendations[-1][0] >= spec.tick_s:
+        return None
+    return tick.state.last_replicas
+
+
 def steady(spec: PolicySpec, tick: Tick) -> bool:
     """The traffic's burst envelope (the predictive stage's p99 of rate / forecast) within `steady_burst_ratio`."""
     ratio = tick.quantiles[0]
@@ -85,7 +103,7 @@ def stage(spec: PolicySpec, tick: Tick) -> Tick:
     assert tick.clean is not None
     replicas, recommendations, why = bound(spec, wanted=tick.replicas, current=tick.current,
                                            recommendations=tick.state.recommendations, lead_s=tick.lead_s,
-                                           now=tick.now, steady=steady(spec, tick))
+                                           now=tick.now, steady=steady(spec, tick), decided=_just_decided(spec, tick))
     if blocks_scale_down(tick.clean.dropped) and replicas < min(tick.current, spec.max_replicas):
         replicas = min(tick.current, spec.max_replicas)
         why.append("hold: not scaling down while demand signals are missing")
