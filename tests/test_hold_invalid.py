@@ -36,7 +36,7 @@ def test_a_held_request_waits_through_an_invalid_decision_and_goes_when_a_replic
             assert not answer.done(), f"released on an invalid decision with ready {ready}"
         thread.run(board.set_ready(1))
         assert answer.result(5)[0] == 200
-    assert [outcome for outcome, _ in stack["holds"]] == ["admitted"]
+    assert [outcome for outcome, _, _ in stack["holds"]] == ["admitted"]
 
 
 def test_a_new_request_is_held_while_an_invalid_decision_knows_no_replica_is_ready(stack):  # noqa: F811
