@@ -52,6 +52,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -202,7 +203,7 @@ class RequestSim:
     ) -> None:
         """Serve [start, end). `guard`: per class, while the queue the admission endpoint sees is at least
         that deep, arrivals of the class are rejected (the saturation guard)."""
-        arr, svc, prio = self._arr, self._svc, self._prio
+        arr, svc = self._arr, self._svc
         wait = self.wait
         heap, queue = self._heap, self._queue
         levels = [float(shed.get(c, 0.0)) for c in self.classes]
@@ -217,11 +218,8 @@ class RequestSim:
         # (when, slots it adds): a replica turning Ready, and with `ready_seen_every_s` while requests are held,
         # the loop's tick at which the release sees it (no slots: only a release)
         ready_at = cluster.ready_times_between(start, end)
-        seen_at: list[float] = []
-        if self.max_hold_s is not None and self.ready_seen_every_s:
-            every = self.ready_seen_every_s
-            seen_at = [math.ceil(r / every) * every for r in cluster.ready_times_between(start - every, end)]
-        ready_events = deque(sorted([(r, k) for r in ready_at] + [(r, 0) for r in seen_at if start <= r < end]))
+        seen_at = self._seen_at(cluster, start, end)
+        ready_events = deque(sorted([(r, k) for r in ready_at] + [(r, 0) for r in seen_at]))
         busy, i, n = self._busy, self._i, self.n
         holding = self.max_hold_s is not None
         if guard.slots > 0:
@@ -231,19 +229,8 @@ class RequestSim:
             return self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard, released=released)
 
         def release(t: float) -> None:
-            """Held requests leave, in order, as far as the Ready replicas take them."""
-            ready = cap // k
-            if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
-                ready = min(ready, cluster.ready(math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s))
-            left = room(ready=ready, slots=k, per=self._per, occupied=len(queue) + busy)
-            while self._holding and left >= 1:
-                j = self._holding.pop()
-                self.hold_s[j] = t - arr[j]
-                if self.max_hold_s is not None and t - arr[j] > self.max_hold_s:
-                    self.hold_s[j], self.dropped[j] = self.max_hold_s, True
-                elif admitted(j, t, released=True):
-                    queue.append(j)
-                    left -= 1
+            self._release(t, cluster, ready=cap // k, occupied=len(queue) + busy,
+                          admitted=lambda j, at: admitted(j, at, released=True), join=lambda j, _: queue.append(j))
 
         if self._holding and cap > 0:
             release(start)
@@ -275,11 +262,7 @@ class RequestSim:
                 i += 1
                 self._probe(t, queued=len(queue), busy=busy)
                 if holding and (cap == 0 or self._holding):  # held: answered on its release
-                    if not self._holding and cap == 0:  # the first request of a wake
-                        self._wake = wake_start(cluster.state())
-                    self.held[j] = True
-                    self.wake_start[j] = self._wake
-                    self._holding.push(-prio[j], j)
+                    self._hold(j, cluster, at_zero=cap == 0)
                 elif not admitted(j, t):
                     continue
                 elif busy < cap and not queue:
@@ -363,20 +346,29 @@ class RequestSim:
 
     def _release_least_conn(self, t: float, cluster: Cluster, servers: LeastConn, *,
                             admission: tuple[list[float], bool, list[float], Guard]) -> None:
-        """Held requests leave, in order, as far as the Ready replicas take them (as with the shared queue),
-        each to the replica with the fewest requests in it."""
+        """Held requests leave as with the shared queue (`_release`), each to the replica with the fewest
+        requests in it."""
         levels, any_shed, depth, guard = admission
-        ready = len(servers.ready)
+        self._release(t, cluster, ready=len(servers.ready), occupied=len(servers) + servers.busy,
+                      admitted=lambda j, at: self._admitted(j, at, levels=levels, any_shed=any_shed, depth=depth,
+                                                            guard=guard, released=True),
+                      join=servers.join)
+
+    def _release(self, t: float, cluster: Cluster, *, ready: int, occupied: int,
+                 admitted: Callable[[int, float], bool], join: Callable[[int, float], None]) -> None:
+        """Held requests leave at `t`, in order, as far as the `ready` replicas take them (their slots and
+        queue allowance less the `occupied`: served or queued); `admitted` answers each on its release, and
+        an admitted one `join`s the dispatch; one held past `max_hold_s` is dropped."""
         if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
             ready = min(ready, cluster.ready(math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s))
-        left = room(ready=ready, slots=self.k, per=self._per, occupied=len(servers) + servers.busy)
+        left = room(ready=ready, slots=self.k, per=self._per, occupied=occupied)
         while self._holding and left >= 1:
             j = self._holding.pop()
             self.hold_s[j] = t - self._arr[j]
             if self.max_hold_s is not None and t - self._arr[j] > self.max_hold_s:
                 self.hold_s[j], self.dropped[j] = self.max_hold_s, True
-            elif self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard, released=True):
-                servers.join(j, t)
+            elif admitted(j, t):
+                join(j, t)
                 left -= 1
 
     def _probe(self, t: float, *, queued: int, busy: int) -> None:
