@@ -15,7 +15,8 @@ Each start and drain is one JSON line in `--events-file`.
 
 With `--service-port`, while no pod is Ready the gateway's list holds a stand-in for the model's Service
 (kube-proxy) on 127.0.0.1 instead of a refusing address: it forwards each connection to the live server
-with the fewest requests, and listens only while there is one (a Service without endpoints refuses the
+with the fewest connections it has open to it (IPVS's least-connection; the requests a server counts break
+ties), and listens only while there is one (a Service without endpoints refuses the
 connection: kube-proxy rejects it), so the gateway sees a refused connection, as in a cluster. A request
 the gateway held while the model was at zero was accepted by an nginx worker that keeps the list of its
 time (a reload starts new workers; the old ones finish what they have); through the stand-in it reaches the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -59,6 +61,7 @@ class ServiceStandIn:
     def __init__(self, servers: dict[str, RunningServer], port: int) -> None:
         self.servers, self.port = servers, port
         self.listener: asyncio.Server | None = None
+        self.open: collections.Counter[str] = collections.Counter()  # connections forwarded and open, per pod
 
     @property
     def upstream(self) -> str:
@@ -77,17 +80,24 @@ class ServiceStandIn:
             self.listener = None
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        live = [s for s in self.servers.values() if not s.draining]
+        live = [name for name, s in self.servers.items() if not s.draining]
         if not live:
             writer.close()  # accepted just before the last server went: closed unanswered
             return
-        target = min(live, key=lambda s: s.server.in_flight)
+        # least connections as the Service counts them (its own, open): a server counts a request only once
+        # its bytes arrive, so a burst of connections would all pick the server that was idle when it began
+        name = min(live, key=lambda n: (self.open[n], self.servers[n].server.in_flight))
+        target = self.servers[name]
+        self.open[name] += 1
         try:
-            up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            try:
+                up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self.open[name] -= 1
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,40 @@ def test_the_stand_in_forwards_to_a_live_server_and_refuses_without_one():
     asyncio.run(scenario())
 
 
+def test_a_burst_through_the_stand_in_spreads_over_the_live_servers():
+    """Held requests released together reach the stand-in as a burst of connections. A server counts a request
+    only once its bytes arrive, so choosing by that count alone sent a burst of 12 to one server (where a
+    Service spreads them); the stand-in counts its own open connections, as IPVS's least-connection does."""
+    async def scenario():
+        servers: dict[str, RunningServer] = {}
+        for name in ("pod-a", "pod-b", "pod-c"):
+            servers[name] = RunningServer(FakeModelServer(concurrency=2, time_scale=0.1), "127.0.0.1", free_port())
+            await servers[name].start()
+        service = ServiceStandIn(servers, free_port())
+        await service.start()
+        url = f"http://127.0.0.1:{service.port}/v1/completions"
+        body = {"model": "fake-model", "prompt": "a b c", "max_tokens": 100}  # 0.2 s each: all open at once
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+                async def one() -> int:
+                    async with session.post(url, json=body) as response:
+                        await response.read()
+                        return response.status
+
+                statuses = await asyncio.gather(*(one() for _ in range(12)))
+            served = {name: s.server._l(s.server.success)._value.get() for name, s in servers.items()}
+        finally:
+            for s in servers.values():
+                await s.drain()
+            servers.clear()
+            await service.follow()
+        assert statuses == [200] * 12
+        assert served == {"pod-a": 4, "pod-b": 4, "pod-c": 4}
+        assert not +service.open  # every forwarded connection closed and uncounted
+
+    asyncio.run(scenario())
+
+
 class _OnePod:
     """The Kubernetes API as the fleet reads it: one Ready pod at 127.0.0.1."""
 
