@@ -262,7 +262,8 @@ def build_admission(settings: Settings, kube: Kube, session: aiohttp.ClientSessi
     if settings.admission.queue_probe_interval_s is not None and queue_metric:
         probe = QueueProbe(session, _pods(kube, settings), queue_metric,
                            interval_s=settings.admission.queue_probe_interval_s,
-                           in_flight_metric=SCRAPE[settings.model_server].get("in_flight"), clock=clock)
+                           in_flight_metric=SCRAPE[settings.model_server].get("in_flight"), clock=clock,
+                           ready=lambda: board.last_ready)
         parts.tasks.append(probe.run)
 
     def live_queue() -> QueueReading | float | None:

@@ -102,3 +102,48 @@ def test_between_readings_the_guard_counts_its_own_admissions():
     assert critical is None and standard is None  # queue 3 (then 4) is below 6
     assert after is None  # 7 admitted - 2 free - 4 served = queue 1
     assert fresh == 9  # the new reading replaces the count
+
+
+class Counting(Static):
+    def __init__(self, pods):
+        super().__init__(pods)
+        self.lists = 0
+
+    async def endpoints(self):
+        self.lists += 1
+        return await super().endpoints()
+
+
+def test_a_replica_the_controller_sees_ready_is_read_at_the_next_probe():
+    """A wake releases held requests into a replica as soon as the controller sees it Ready; the probe's pod
+    list, refreshed every 15 s, left that replica's queue out until then. A change of the Ready count the
+    controller saw re-lists the pods at the next probe, once per change."""
+    with fake_model_server() as a, fake_model_server() as b:
+        post_json(f"{a}/admin/state", {"waiting": 3})
+        post_json(f"{b}/admin/state", {"waiting": 9})
+        pods = Counting({"a": f"{a}/metrics"})
+        ready = {"n": 1}
+
+        async def go():
+            clock = ManualClock(100.0)
+            async with aiohttp.ClientSession() as session:
+                probe = QueueProbe(session, pods, "vllm:num_requests_waiting", interval_s=1.0, refresh_s=15.0,
+                                   clock=clock, ready=lambda: ready["n"])
+                await probe.sample_once()
+                first = probe.reading().queue
+                pods.pods["b"] = f"{b}/metrics"  # b turned Ready; the controller has not seen it yet
+                await clock.advance(1.0)
+                await probe.sample_once()
+                unseen = probe.reading().queue
+                ready["n"] = 2  # the controller saw it
+                await clock.advance(1.0)
+                await probe.sample_once()
+                seen = probe.reading().queue
+                for _ in range(3):
+                    await clock.advance(1.0)
+                    await probe.sample_once()
+                return first, unseen, seen, pods.lists
+
+        first, unseen, seen, lists = asyncio.run(go())
+    assert (first, unseen, seen) == (3, 3, 12)
+    assert lists == 2  # the first listing and the one for the change; none while the count stays

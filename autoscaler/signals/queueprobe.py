@@ -7,12 +7,16 @@ the connection (nothing listens at its address: a server not started yet behind 
 serves nothing and counts 0 waiting and 0 running. If any other pod cannot be read (a timeout, an error
 answer), or the last good reading is older than three intervals, the probe says it does not know (None)
 rather than report a partial sum, and the admission endpoint falls back to the tick's value. The pod list
-is refreshed every `refresh_s`, and at once after a read that failed.
+is refreshed every `refresh_s`, at once after a read that failed, and at once when the Ready replicas the
+controller last saw (`ready`) change: a replica that just turned Ready is read within an interval, not up to
+`refresh_s` later while the admission endpoint already counts its slots (it releases held requests into them
+at a wake, and would otherwise carry its own admissions forward as a fluid drained at the full rate).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -36,7 +40,7 @@ class QueueReading:
 class QueueProbe:
     def __init__(self, session: aiohttp.ClientSession, pods: PodEndpoints, metric: str, *, interval_s: float = 1.0,
                  timeout_s: float = 0.5, refresh_s: float = 15.0, in_flight_metric: str | None = None,
-                 clock: Clock) -> None:
+                 clock: Clock, ready: Callable[[], int | None] | None = None) -> None:
         self.session, self.pods, self.metric, self.in_flight_metric = session, pods, metric, in_flight_metric
         self.interval, self.refresh = interval_s, refresh_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -44,6 +48,8 @@ class QueueProbe:
         self._reading: QueueReading | None = None
         self._endpoints: dict[str, str] = {}
         self._endpoints_at: float | None = None
+        self.ready = ready  # the Ready replicas the controller last saw (None: unknown)
+        self._listed_for: int | None = None  # what `ready` said when the pods were last listed
 
     def reading(self) -> QueueReading | None:
         if self._reading is None or self.clock.now() - self._reading.at > STALE_INTERVALS * self.interval:
@@ -52,10 +58,12 @@ class QueueProbe:
 
     async def sample_once(self) -> None:
         now = self.clock.now()
-        if self._endpoints_at is None or now - self._endpoints_at >= self.refresh:
+        expected = self.ready() if self.ready is not None else None
+        if (self._endpoints_at is None or now - self._endpoints_at >= self.refresh
+                or (expected is not None and expected != self._listed_for)):
             try:
                 self._endpoints = await self.pods.endpoints()
-                self._endpoints_at = now
+                self._endpoints_at, self._listed_for = now, expected
             except EdgeError:
                 pass  # keep the last list; the reads below tell whether it still works
         if not self._endpoints:
