@@ -247,8 +247,8 @@ class Admission:
 
     def occupied(self, latest: Published) -> float:
         """Requests queued or running at the Ready replicas now: the probe's reading carried forward, and
-        never less than this endpoint's own admissions as a fluid queue (the probe re-lists the pods only every
-        few seconds: a replica that just turned Ready counts in the capacity before its load is read)."""
+        never less than this endpoint's own admissions as a fluid queue (a replica that just turned Ready counts
+        in the capacity before the probe's next reading, after its re-listing, includes its load)."""
         now, drain = self.clock.now(), self._drain_per_s(latest)
         own = self._ledger.now(now, drain)
         reading = self.live_queue()

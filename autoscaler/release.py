@@ -13,8 +13,8 @@ far as the Ready replicas take them within the SLO:
 - being served or queued now: the queue probe's reading (queue + running) carried forward with the
   endpoint's own admissions since and the Ready replicas' completions (`occupied`), and never less than the
   endpoint's own admissions as a fluid queue drained at the same rate (`Ledger`), which alone counts without
-  a reading: the probe re-lists the pods only every few seconds, so its fresh readings leave out a replica
-  that just turned Ready, whose capacity already counts.
+  a reading: until the probe's first reading after the controller saw a replica turn Ready (it re-lists the
+  pods then), its readings leave out that replica, whose capacity already counts.
 - order: the top class first, then arrival order within a class (`HeldQueue`). Requests arriving while
   others are held queue behind them, so a newcomer does not overtake the held ones.
 
