@@ -92,12 +92,13 @@ def test_cached_state_equals_the_listing_readers_and_ticks_make_no_reads(cluster
 
     cached, reads, requests, cache = with_kube(cluster, go)
     big = cached[(ns, "big")]
-    assert big.unschedulable_pods > 0 and big.oldest_unschedulable_s > 0 and big.idle_slots == 0
+    # Not `idle_slots == 0`: that is the settling condition above, and a loaded machine's scheduler may not have
+    # retried `big`'s waiting pods onto a GPU an earlier test freed within 90 s (1 idle slot, as listed too).
+    assert big.unschedulable_pods > 0 and big.oldest_unschedulable_s > 0
     assert len(cached[(ns, "medium")].startup_durations_s) == 2  # learned from the cached pods too
     assert [cached[(ns, m)].gpus_held for m in MODELS] == [1.0, 2.0, big.ready_replicas]
     assert reads == 0, requests  # 5 ticks of 3 models: no list, no get
     assert all(i.relists == 0 for i in cache.informers.values())
-
 
 
 def test_kueue_queues_come_from_watches_when_their_crds_exist(cluster, namespace):
