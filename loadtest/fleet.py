@@ -20,7 +20,12 @@ ties), and listens only while there is one (a Service without endpoints refuses 
 connection: kube-proxy rejects it), so the gateway sees a refused connection, as in a cluster. A request
 the gateway held while the model was at zero was accepted by an nginx worker that keeps the list of its
 time (a reload starts new workers; the old ones finish what they have); through the stand-in it reaches the
-replica that released it, as it would through a Service in a cluster.
+replica that released it, as it would through a Service in a cluster. With `--service-only` as well, the
+gateway's list holds the stand-in at all times (a gateway whose upstream is the model's Service, as the
+shipped one): every request goes through one least-connection count over the live servers, where nginx's
+`least_conn` over the pods counts each worker's own connections only, and each reload (a pod turning Ready)
+starts workers that count from zero while the old ones release their held requests to the servers of their
+own, older list.
 """
 
 from __future__ import annotations
@@ -122,7 +127,8 @@ class Fleet:
                  time_scale: float, targets_file: Path | None = None, upstreams_file: Path | None = None,
                  nginx_pid_file: Path | None = None, events_file: Path | None = None, poll_s: float = 0.2,
                  drain_delay_s: float = 0.5, service_port: int | None = None,
-                 target_labels: dict[str, str] | None = None, scheduling_policy: str = "fcfs") -> None:
+                 target_labels: dict[str, str] | None = None, scheduling_policy: str = "fcfs",
+                 service_only: bool = False) -> None:
         self.api, self.namespace, self.selector, self.port = api, namespace, selector, port
         self.concurrency, self.time_scale, self.poll_s = concurrency, time_scale, poll_s
         self.drain_delay_s, self.scheduling_policy = drain_delay_s, scheduling_policy
@@ -131,6 +137,10 @@ class Fleet:
         self.servers: dict[str, RunningServer] = {}  # pod name -> its server
         self.draining: set[asyncio.Task] = set()
         self.service = ServiceStandIn(self.servers, service_port) if service_port else None
+        if service_only and self.service is None:
+            raise ValueError("service_only needs a service_port: the stand-in the gateway's list holds")
+        self.service_only = service_only
+        self._upstreams: str | None = None  # the upstream list written last
         # what a pod's Prometheus target is labelled with: its namespace, and e.g. its `app` label (several
         # models in one Prometheus, told apart as the fleet controller's grouped queries expect)
         self.target_labels = {"namespace": namespace, **(target_labels or {})}
@@ -185,7 +195,11 @@ class Fleet:
             _replace(self.targets_file, json.dumps([{"targets": addresses, "labels": self.target_labels}]))
         if self.upstreams_file is not None:
             empty = self.service.upstream if self.service is not None else NO_SERVER
-            _replace(self.upstreams_file, "".join(f"server {a} max_fails=0;\n" for a in addresses) or empty)
+            listed = "" if self.service_only else "".join(f"server {a} max_fails=0;\n" for a in addresses)
+            if self.service_only and self._upstreams == (listed or empty):
+                return  # the stand-in, written already: nothing for nginx to reload
+            self._upstreams = listed or empty
+            _replace(self.upstreams_file, self._upstreams)
             if self.nginx_pid_file is not None and self.nginx_pid_file.exists():
                 try:
                     os.kill(int(self.nginx_pid_file.read_text().strip()), signal.SIGHUP)
@@ -234,11 +248,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--events-file", type=Path, default=None)
     p.add_argument("--service-port", type=int, default=None,
                    help="while no pod is Ready, a stand-in for the model's Service on this port (default: none)")
+    p.add_argument("--service-only", action="store_true",
+                   help="with --service-port: the gateway's list holds the stand-in at all times, as a gateway "
+                        "whose upstream is the model's Service (default: the pods, the stand-in only at zero)")
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
                    help="each server's queue order, as vLLM's --scheduling-policy (default: fcfs)")
     p.add_argument("--target-label", action="append", default=[], metavar="KEY=VALUE",
                    help="a label of every Prometheus target besides namespace (repeatable; default: none)")
     args = p.parse_args(argv)
+    if args.service_only and args.service_port is None:
+        p.error("--service-only needs --service-port")
     try:
         args.target_labels = dict(item.split("=", 1) for item in args.target_label)
     except ValueError:
@@ -255,7 +274,7 @@ async def _main(args: argparse.Namespace) -> None:
                       upstreams_file=args.upstreams_file, nginx_pid_file=args.nginx_pid_file,
                       events_file=args.events_file, poll_s=args.poll_s, drain_delay_s=args.drain_delay_s,
                       service_port=args.service_port, target_labels=args.target_labels,
-                      scheduling_policy=args.scheduling_policy)
+                      scheduling_policy=args.scheduling_policy, service_only=args.service_only)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -107,3 +107,37 @@ def test_the_fleet_starts_its_servers_with_the_scheduling_policy_it_is_given(pol
             await server.drain()
 
     assert asyncio.run(scenario()) == status
+
+
+@pytest.mark.parametrize("service_only", [False, True])
+def test_with_service_only_the_gateways_list_is_the_stand_in_at_all_times(tmp_path, service_only):
+    """`--service-only` (the scale-to-zero scenarios): the gateway's upstream list holds the stand-in with a pod
+    Ready too, so every request goes through its one count of connections; without it the list names the pods.
+    The list is written once: nothing for nginx to reload as pods come and go."""
+    upstreams = tmp_path / "upstreams.conf"
+
+    async def scenario():
+        fleet = Fleet(_OnePod(), namespace="ns", selector="app=m", port=free_port(), concurrency=2,
+                      time_scale=0.001, upstreams_file=upstreams, service_port=free_port(),
+                      service_only=service_only)
+        fleet.publish()
+        written = upstreams.stat().st_ino  # each write replaces the file: a new inode
+        try:
+            assert await fleet.sync()
+            return upstreams.read_text(), upstreams.stat().st_ino == written, fleet.service.upstream
+        finally:
+            await fleet.servers["pod-a"].drain()
+            fleet.servers.clear()
+            await fleet.service.follow()
+
+    text, unchanged, stand_in = asyncio.run(scenario())
+    assert (text == stand_in) is service_only and unchanged is service_only
+    assert service_only or "127.0.0.1:" in text and "no Ready pod" not in text
+
+
+def test_service_only_needs_the_stand_in():
+    with pytest.raises(SystemExit):
+        parse_args(["--kubeconfig", "k", "--namespace", "ns", "--selector", "app=m", "--service-only"])
+    with pytest.raises(ValueError, match="service_port"):
+        Fleet(_OnePod(), namespace="ns", selector="app=m", port=free_port(), concurrency=2, time_scale=0.001,
+              service_only=True)

@@ -352,7 +352,8 @@ def stack(config: E2EConfig, work: Path, *, initial_replicas: int, controllers: 
         fleet = subprocess.Popen(
             fake_servers_command(config, kubeconfig=cp.kubeconfig, namespace=NAMESPACE, app=MODEL, targets=targets,
                                  upstreams=upstreams, nginx_pid=nginx_pid, events=work / "fleet.jsonl",
-                                 extra=("--service-port", str(free_port()))),
+                                 extra=("--service-port", str(free_port()),
+                                        *(("--service-only",) if config.holding else ()))),
             stdout=(work / "fleet.log").open("w"), stderr=subprocess.STDOUT)
         exit_stack.callback(stop, fleet)
         st = Stack(config, cp, karp, ctrls, url, prom, work, keda=keda)
