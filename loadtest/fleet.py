@@ -140,7 +140,7 @@ class Fleet:
         if service_only and self.service is None:
             raise ValueError("service_only needs a service_port: the stand-in the gateway's list holds")
         self.service_only = service_only
-        self._upstreams: str | None = None  # the upstream list written last
+        self._upstreams_written = False
         # what a pod's Prometheus target is labelled with: its namespace, and e.g. its `app` label (several
         # models in one Prometheus, told apart as the fleet controller's grouped queries expect)
         self.target_labels = {"namespace": namespace, **(target_labels or {})}
@@ -196,10 +196,10 @@ class Fleet:
         if self.upstreams_file is not None:
             empty = self.service.upstream if self.service is not None else NO_SERVER
             listed = "" if self.service_only else "".join(f"server {a} max_fails=0;\n" for a in addresses)
-            if self.service_only and self._upstreams == (listed or empty):
-                return  # the stand-in, written already: nothing for nginx to reload
-            self._upstreams = listed or empty
-            _replace(self.upstreams_file, self._upstreams)
+            if self.service_only and self._upstreams_written:
+                return  # the stand-in at all times, written already: nothing for nginx to reload
+            self._upstreams_written = True
+            _replace(self.upstreams_file, listed or empty)
             if self.nginx_pid_file is not None and self.nginx_pid_file.exists():
                 try:
                     os.kill(int(self.nginx_pid_file.read_text().strip()), signal.SIGHUP)
