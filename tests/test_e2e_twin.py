@@ -78,3 +78,25 @@ def test_a_malformed_series_in_a_folder_is_a_clear_error(tmp_path, capsys, bad):
     (tmp_path / "result.json").write_text(json.dumps({**doc, "simulated": simulated}))
     assert twin.main([str(tmp_path)]) == 2
     assert "node_timings.wait_series" in capsys.readouterr().err
+
+
+def test_api_times_truncated_to_the_second_are_narrowed_by_the_listings_that_first_showed_them():
+    import math
+    import random
+
+    from loadtest.e2e.stack import seen_between
+
+    rng = random.Random(3)
+    errors, truncated = [], []
+    for _ in range(2000):
+        true = 1000.0 + rng.uniform(0, 100)
+        before = true - rng.uniform(0, 0.5)  # the listings that missed it began then
+        by = before + 0.5 + rng.uniform(0, 0.1)  # the next sample's listings, done by then, showed it
+        stamp = float(math.floor(true))
+        errors.append(seen_between(stamp, before, by) - true)
+        truncated.append(stamp - true)
+    assert abs(sum(truncated) / len(truncated) + 0.5) < 0.05  # the stamp alone: half a second early on average
+    assert abs(sum(errors) / len(errors)) < 0.03 and max(map(abs, errors)) <= 0.5
+    # seen with no listing before it, or already there when first listed: the middle of its second
+    assert seen_between(1000.0, None, 1000.3) == 1000.15
+    assert seen_between(1000.0, 1004.0, 1004.5) == 1000.5

@@ -134,6 +134,8 @@ def run_scenario(name: str, *, factor: float = 10.0, out: Path) -> dict:
     doc["checks"] = scenario.check(context) + checks.common(context, twin=scenario.twin_checked)
     doc["passed"] = all(c["passed"] for c in doc["checks"])
     (out / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timeline))
+    (out / "lifetimes.jsonl").write_text("".join(json.dumps({"kind": kind, "uid": uid, **life}) + "\n"
+                                                 for (kind, uid), life in lifetimes.items()))
     (out / "result.json").write_text(json.dumps(doc, indent=2))
     from loadtest.e2e.report import plot
 

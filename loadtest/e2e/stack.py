@@ -193,6 +193,7 @@ class Stack:
     keda: kedamode.KedaMode | None = None  # KEDA mode: the scaler's port, the ScaledObject, the replicas' watch
     # (kind, uid) -> {"created", "ready", "gone", "gpus", ...}; kind: model, placeholder, node, claim
     lifetimes: dict = field(default_factory=dict)
+    _listed_s: float | None = None  # when the last sample's listings began: what they did not show came after
 
     def t(self) -> float:
         """Scenario time at factor 1."""
@@ -214,6 +215,11 @@ class Stack:
         pods = self._get(f"/api/v1/namespaces/{NAMESPACE}/pods").get("items", [])
         nodes = self._get(f"/api/v1/nodes?labelSelector={POOL_LABEL}%3D{POOL}").get("items", [])
         claims = self._get(f"/apis/karpenter.sh/v1/nodeclaims?labelSelector=karpenter.sh%2Fnodepool%3D{POOL}")
+        listed = time.time()
+
+        def when(stamp: float | None) -> float | None:  # an API time first seen in these listings
+            return None if stamp is None else seen_between(stamp, self._listed_s, listed)
+
         model = {"pending": 0, "starting": 0, "ready": 0}
         warm = {"pending": 0, "ready": 0}
         pooled = {"pending": 0, "ready": 0}
@@ -224,18 +230,18 @@ class Stack:
             ready = facts.ready
             key = (kind, meta["uid"])
             seen.add(key)
-            life = self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None,
+            life = self.lifetimes.setdefault(key, {"created": when(_ts(meta["creationTimestamp"])), "ready": None,
                                                    "gone": None, "gpus": 1, "name": meta["name"]})
             if ready and life["ready"] is None:
                 life["ready"] = now
-                # the Ready condition's own time, to the second as placement is: a start-up's end unbiased
-                # by the harness's sampling (the twin replays start-ups, figures.node_timings)
-                life["ready_at"] = facts.ready_s
+                # the Ready condition's own time, narrowed by the listings (seen_between): a start-up's end
+                # unbiased by the harness's sampling (the twin replays start-ups, figures.node_timings)
+                life["ready_at"] = when(facts.ready_s)
             if facts.deleting and life["gone"] is None:
                 life["gone"] = now
             if facts.node and "node" not in life:
                 life["node"] = facts.node
-                life["placed"] = facts.placed_s or now
+                life["placed"] = when(facts.placed_s) or now
             if kind == "model":
                 state = "ready" if ready else ("starting" if facts.node else "pending")
                 model[state] += 1
@@ -248,19 +254,20 @@ class Stack:
             key = ("node", meta["uid"])
             seen.add(key)
             gpus = int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0") or 0)
-            self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
-                                            "gpus": gpus, "name": meta["name"]})
+            self.lifetimes.setdefault(key, {"created": when(_ts(meta["creationTimestamp"])), "ready": None,
+                                            "gone": None, "gpus": gpus, "name": meta["name"]})
         for claim in claims.get("items", []):
             # What is paid: an instance from its launch (the NodeClaim) to its removal. The Node object only
             # appears once the instance registers, after its boot.
             meta = claim["metadata"]
             key = ("claim", meta["uid"])
             seen.add(key)
-            self.lifetimes.setdefault(key, {"created": _ts(meta["creationTimestamp"]), "ready": None, "gone": None,
-                                            "gpus": self.config.node_shape.gpus})
+            self.lifetimes.setdefault(key, {"created": when(_ts(meta["creationTimestamp"])), "ready": None,
+                                            "gone": None, "gpus": self.config.node_shape.gpus})
         for key, life in self.lifetimes.items():
             if key not in seen and life["gone"] is None:
                 life["gone"] = now
+        self._listed_s = now
         metrics = {}
         leader = None
         for c in self.controllers:
@@ -284,6 +291,17 @@ class Stack:
 
     def events(self) -> list[dict]:
         return self._get(f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
+
+
+def seen_between(stamp: float, before_s: float | None, by_s: float) -> float:
+    """When an event happened that the API stamps to the second, truncated (creationTimestamp, a condition's
+    lastTransitionTime), and the harness first saw in listings done by `by_s`, not in those begun at
+    `before_s` (None: no listing before): the middle of what both allow, [stamp, stamp + 1) and
+    (before_s, by_s]. At factor 10 the truncated second is 10 s of the scenario, half of it early on average,
+    as every start-up's end and node's arrival the twin replays was. Where the two disagree (an event before
+    the listing that first showed it, e.g. a pod that was already there), the middle of the second."""
+    low, high = max(stamp, before_s if before_s is not None else stamp), min(stamp + 1.0, by_s)
+    return (low + high) / 2 if low <= high else stamp + 0.5
 
 
 def _ts(text: str) -> float:
