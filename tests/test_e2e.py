@@ -58,14 +58,19 @@ def test_node_timings_for_the_twin_come_from_pod_waits_and_node_removals():
                  "removal_extra_s": 200.0, "removals": 1}
     assert node_timings({}, factor=10.0, idle_s=600.0)["provisioning_s"] is None
     # the run started at 90 s: the wait and the start-up (placed at 141 s, Ready at 153 s: 120 s) as the twin
-    # replays them, at the pod's creation in scenario seconds; the pod that never waited for a node has no wait
+    # replays them, at the pod's creation in scenario seconds; the pod that never waited for a node has no wait;
+    # a model pod's wait carries its start-up (the twin replays the two together), a placeholder's does not
     lifetimes[("model", "1")]["ready"] = 153.0
     lifetimes[("model", "2")]["ready"] = 113.0
     t = node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)
-    assert t["wait_series"] == [[100.0, 410.0]]
+    assert t["wait_series"] == [[100.0, 410.0, 120.0]]
     assert t["startup_series"] == [[100.0, 120.0], [200.0, 20.0]]
     lifetimes[("model", "1")]["ready_at"] = 151.0  # the Ready condition's time, where read, over when seen
-    assert node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)["startup_series"][0] == [100.0, 100.0]
+    t = node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)
+    assert t["startup_series"][0] == [100.0, 100.0] and t["wait_series"] == [[100.0, 410.0, 100.0]]
+    lifetimes[("placeholder", "4")] = {"created": 100.0, "placed": 142.0, "node": "n-a", "ready": 143.0, "gone": None}
+    assert node_timings(lifetimes, factor=10.0, idle_s=600.0, start=90.0)["wait_series"] == [
+        [100.0, 410.0, 100.0], [100.0, 420.0]]
 
 
 def _context(scenario: str, *, timeline: list[dict], attainment: dict, windows: dict | None = None):

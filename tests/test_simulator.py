@@ -98,6 +98,48 @@ def test_a_twin_replays_the_live_node_waits_and_start_ups_its_requests_meet():
         ClusterModel(node_waits=((0.0, -1.0),))
 
 
+def test_a_node_wait_recorded_with_its_replicas_start_up_replays_the_two_together():
+    """Two live replicas ordered at 100 s: the one whose node came at 300 s started up in 150 s, the one whose
+    node came at 400 s in 50 s. Matched apart, the twin's first node (300 s) took the first start-up in order
+    (50 s) and both replicas were Ready at 350 and 550 s; recorded together, they are Ready when the live ones
+    were, 450 s each, and the start-ups they took are not matched again: a third replica gets the one left."""
+    waits = ((100.0, 200.0, 150.0), (100.0, 300.0, 50.0))
+    startups = ((100.0, 50.0), (100.0, 150.0), (100.0, 70.0))
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
+                         node_waits=waits, startups=startups)
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    cluster.advance(100.0)
+    cluster.scale_to(2)
+    assert [p.ready_s for p in cluster.pods] == pytest.approx([450.0, 450.0])
+    cluster.advance(120.0)
+    cluster.scale_to(3)  # a node drawn (no wait left); the start-up the pairs left, 70 s (50 s if not taken)
+    assert cluster.pods[-1].ready_s == pytest.approx(120 + 300 + 70)
+    apart = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
+                         node_waits=tuple(w[:2] for w in waits), startups=startups)
+    cluster = SimCluster.started(apart, replicas=0, now=0.0)
+    cluster.advance(100.0)
+    cluster.scale_to(2)
+    assert sorted(p.ready_s for p in cluster.pods) == pytest.approx([350.0, 550.0])
+    with pytest.raises(ValueError, match="node_waits"):
+        ClusterModel(node_waits=((0.0, 1.0, -1.0),))
+    with pytest.raises(ValueError, match="startups"):
+        ClusterModel(startups=((0.0, 1.0, 1.0),))
+
+
+def test_the_first_replica_on_a_node_a_placeholder_requested_takes_that_nodes_recorded_start_up():
+    """A placeholder ordered at 100 s takes the live node wait (arrives at 300 s) recorded with a 150-s start-up;
+    a replica ordered at 120 s goes to that node while it is provisioned and starts up for 150 s, not for the
+    startups series' first, 50 s."""
+    model = ClusterModel(startup_s=100.0, startup_jitter_ratio=0.0, node_provisioning_s=300.0, node_jitter_ratio=0.0,
+                         node_waits=((100.0, 200.0, 150.0),), startups=((100.0, 50.0), (100.0, 150.0)))
+    cluster = SimCluster.started(model, replicas=0, now=0.0)
+    cluster.advance(100.0)
+    cluster.warm_to(1)
+    cluster.advance(120.0)
+    cluster.scale_to(1)
+    assert cluster.pods[0].ready_s == pytest.approx(300.0 + 150.0)
+
+
 def test_a_replay_leaves_the_drawn_times_of_the_rest_as_they_were():
     """With jitter, replicas the series does not meet get the very times they get without a series: the
     replay takes its values without moving the seeded draws."""

@@ -23,7 +23,10 @@ replica) requested at t takes the live one requested earliest within `REPLAY_MAT
 taken: the node arrives when that live one did (its request time plus its wait), the replica starts up for
 as long as that one did. So the nodes of a batch arrive when the live ones did (a provisioner brings a batch
 in steps, on its own clock: at a cold start from zero, the first node and start-up decide when the first
-held request is served); one without a match takes a drawn time.
+held request is served); one without a match takes a drawn time. A node wait recorded with the start-up of
+the replica that waited (t, wait, start-up) replays the two together: the replica that requests the node
+starts up as that live replica did, so a replica turns Ready when a live one did, not at one node's arrival
+plus another's start-up.
 
 Scale-down removes unplaced and then not-ready replicas, least ready first; then ready ones from the
 least-used node, which is what the controller's pod-deletion-cost ordering makes the ReplicaSet do, so that
@@ -61,26 +64,33 @@ from policies.types import ClusterState
 REPLAY_MATCH_S = 60.0
 
 
-def _replayed(left: list[tuple[float, float]], now: float) -> tuple[float, float] | None:
-    """The earliest (request time, seconds) in `left` requested within REPLAY_MATCH_S of `now`, taken out of
-    it; or None."""
-    for i, (requested, took) in enumerate(left):
-        if abs(requested - now) <= REPLAY_MATCH_S:
+def _replayed(left: list[tuple[float, ...]], now: float) -> tuple[float, ...] | None:
+    """The earliest (request time, seconds, ...) in `left` requested within REPLAY_MATCH_S of `now`, taken out
+    of it; or None."""
+    for i, entry in enumerate(left):
+        if abs(entry[0] - now) <= REPLAY_MATCH_S:
             del left[i]
-            return requested, took
-        if requested > now + REPLAY_MATCH_S:
+            return entry
+        if entry[0] > now + REPLAY_MATCH_S:
             return None
     return None
 
 
-def timed_pair(value: object) -> bool:
-    """(request time s, seconds >= 0), both finite numbers: an entry of `ClusterModel.node_waits` or
-    `startups`, and of the series a closed-loop run records for them (read back from its result.json)."""
-    if not isinstance(value, list | tuple) or len(value) != 2:
+def _take(left: list[tuple[float, ...]], entry: tuple[float, float]) -> None:
+    """Take `entry` out of `left` if it is there (a start-up replayed with the node wait it was recorded with)."""
+    if entry in left:
+        left.remove(entry)
+
+
+def timed_pair(value: object, *, with_startup: bool = False) -> bool:
+    """(request time s, seconds >= 0), finite numbers: an entry of `ClusterModel.node_waits` or `startups`,
+    and of the series a closed-loop run records for them (read back from its result.json). `with_startup`
+    (a node wait): a third number may follow, the start-up (seconds >= 0) of the replica that waited."""
+    if not isinstance(value, list | tuple) or len(value) not in ((2, 3) if with_startup else (2,)):
         return False
     if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value):
         return False
-    return value[1] >= 0
+    return all(x >= 0 for x in value[1:])
 
 
 @dataclass(frozen=True)
@@ -100,14 +110,15 @@ class ClusterModel:
     gpus_per_replica: int = 1
     gpus_per_node: int = 1
     # (request time s, seconds) of a live run's node waits and replica start-ups, in order of request:
-    # replayed (above)
-    node_waits: tuple[tuple[float, float], ...] = ()
+    # replayed (above); a node wait may carry the start-up of the replica that waited, (t, wait, start-up)
+    node_waits: tuple[tuple[float, ...], ...] = ()
     startups: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("node_waits", "startups"):
-            if not all(timed_pair(w) for w in getattr(self, name)):
-                raise ValueError(f"{name}: each must be (request time s, seconds >= 0), finite")
+            if not all(timed_pair(w, with_startup=name == "node_waits") for w in getattr(self, name)):
+                raise ValueError(f"{name}: each must be (request time s, seconds >= 0), finite"
+                                 + (", and a node wait's start-up after it if known" if name == "node_waits" else ""))
         for name in ("gpus_per_replica", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -135,7 +146,7 @@ class ClusterModel:
     @functools.cached_property
     def slowest_provisioning_s(self) -> float:
         """The longest a node can take, drawn with the jitter or replayed (every tick reads it: kept)."""
-        return max([self.node_provisioning_s * (1 + self.node_jitter_ratio), *(w for _, w in self.node_waits)])
+        return max([self.node_provisioning_s * (1 + self.node_jitter_ratio), *(w[1] for w in self.node_waits)])
 
     @property
     def worst_cold_start_s(self) -> float:
@@ -224,6 +235,8 @@ class _Node:
     placeholders: list[float] = field(default_factory=list)  # creation times of its warm placeholders, sorted
     empty_since: float | None = None  # when its last slot freed; None while a slot is used
     settled_s: float = 0.0  # its free slots are billed up to here
+    # the live (request time, start-up) recorded with the node wait it replays, for the first replica on it
+    startup: tuple[float, float] | None = None
 
     @property
     def used(self) -> int:
@@ -287,20 +300,27 @@ class SimCluster:
         return cluster
 
     # -- time -------------------------------------------------------------------------------------------
-    def _startup(self, requested: float | None = None) -> float:
-        """A replica's start-up; `requested`: when it was ordered (now unless it waited for the node limit)."""
+    def _startup(self, requested: float | None = None, *, paired: tuple[float, float] | None = None) -> float:
+        """A replica's start-up; `requested`: when it was ordered (now unless it waited for the node limit);
+        `paired`: the (request time, start-up) recorded with the node wait its new node replays, taken first."""
         j = self.model.startup_jitter_ratio
         drawn = self.model.startup_s * self.rng.uniform(1 - j / 2, 1 + j)  # drawn always: the same stream
+        if paired is not None:
+            _take(self._startups_left, paired)
+            return paired[1]
         replayed = _replayed(self._startups_left, self.now if requested is None else requested)
         return drawn if replayed is None else replayed[1]
 
-    def _provisioning(self) -> float:
+    def _provisioning(self) -> tuple[float, tuple[float, float] | None]:
+        """A new node's wait, and the start-up of the live replica whose wait it replays, where recorded."""
         j = self.model.node_jitter_ratio
         drawn = self.model.node_provisioning_s * self.rng.uniform(1 - j, 1 + j)
         replayed = _replayed(self._waits_left, self.now)
+        if replayed is None:
+            return drawn, None
         # the node arrives when the live one did: a provisioner launches by batch on its own clock, so a
         # request a little later than the live one is served by the same batch (at least at once)
-        return drawn if replayed is None else max(0.0, replayed[0] + replayed[1] - self.now)
+        return max(0.0, replayed[0] + replayed[1] - self.now), (replayed[0], replayed[2]) if len(replayed) > 2 else None
 
     # -- observation ----------------------------------------------------------------------------------------
     @property
@@ -366,9 +386,18 @@ class SimCluster:
             node.empty_since = self.now
 
     def _new_node(self) -> _Node:
-        node = _Node(self.now, self.now + self._provisioning(), settled_s=self.now)
+        """A node requested now, with the live start-up recorded with the wait it replays (`_provisioning`)."""
+        took, paired = self._provisioning()
+        node = _Node(self.now, self.now + took, settled_s=self.now, startup=paired)
         self.nodes.append(node)
         return node
+
+    def _arrival_startup(self, node: _Node, requested: float | None) -> float:
+        """The start-up of a replica placed on `node` before its arrival: the first one starts up as the live
+        replica that waited for the node it replays did (one live pod's pair: a start-up matched apart would
+        pair a node with another pod's start-up), the rest as `_startup` matches them."""
+        paired, node.startup = node.startup, None
+        return self._startup(requested, paired=paired)
 
     def _drop(self, node: _Node, at: float) -> None:
         self._settle(node, at)
@@ -432,7 +461,7 @@ class SimCluster:
         node = self._room(arrived=False)
         if node is not None:
             self._occupy(node)
-            return node, node.ready_s + self._startup(requested)
+            return node, node.ready_s + self._arrival_startup(node, requested)
         waiting = [n for n in self.nodes if n.placeholders] if self._placeholders else []
         if waiting:
             node = min(waiting, key=lambda n: n.ready_s)
@@ -440,11 +469,11 @@ class SimCluster:
             self.costs.warm_pool_s += now - node.placeholders.pop(0)
             self._placeholders -= 1
             self.warm_churn.preempted += 1
-            return node, node.ready_s + self._startup(requested)
+            return node, node.ready_s + self._arrival_startup(node, requested)
         if len(self.nodes) >= self.model.nodes_allowed(now):
             return None
         node = self._new_node()
-        return node, node.ready_s + self._startup(requested)
+        return node, node.ready_s + self._arrival_startup(node, requested)
 
     def _land(self, node: _Node, ready: float) -> _Pod:
         pod = _Pod(self.now, ready, node)

@@ -91,7 +91,7 @@ class E2EConfig:
         return compress(self.spec(), self.factor)
 
     def sim_config(self, *, node_idle_extra_s: float = 0.0, gpu_limits: tuple[tuple[float, int], ...] = (),
-                   node_waits: tuple[tuple[float, float], ...] = (),
+                   node_waits: tuple[tuple[float, ...], ...] = (),
                    startups: tuple[tuple[float, float], ...] = ()) -> SimConfig:
         """The simulated cluster the live one is compared with. `node_idle_extra_s`: the provisioner's own
         delay in removing an empty node beyond consolidateAfter, as measured live (at factor 1). The NodePool's

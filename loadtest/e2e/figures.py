@@ -148,10 +148,10 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
     consolidateAfter (`idle_s`). None where the run had no such pod or node. Karpenter batches and validates
     in real time, which the compression of every other duration magnifies by the factor. With `start` (the
     run's start, on the lifetimes' clock): `wait_series`, each wait as [its pod's creation in scenario seconds,
-    the wait], in order of creation and placement, and `startup_series`, each model pod's start-up (placement
-    -> Ready, the conditions' times where read) as [its creation, the start-up], in order of creation and
-    readiness (the pods the limit held too: the twin keys a replica by its order), which the twin replays
-    (`ClusterModel.node_waits`, `startups`)."""
+    the wait, and a model pod's start-up where it has one], in order of creation and placement, and
+    `startup_series`, each model pod's start-up (placement -> Ready, the conditions' times where read) as
+    [its creation, the start-up], in order of creation and readiness (the pods the limit held too: the twin
+    keys a replica by its order), which the twin replays (`ClusterModel.node_waits`, `startups`)."""
     nodes = {life["name"]: life for (kind, _), life in lifetimes.items() if kind == "node" and "name" in life}
     pods = [life for (kind, _), life in lifetimes.items()
             if kind in ("model", "placeholder") and life.get("node") in nodes]
@@ -180,8 +180,13 @@ def node_timings(lifetimes: dict, *, factor: float, idle_s: float, capped: froze
         started = sorted((p for (kind, _), p in lifetimes.items() if kind == "model" and p.get("placed") is not None
                           and ready(p) is not None and ready(p) >= p["placed"]),
                          key=lambda p: (p["created"], ready(p)))
-        out["wait_series"] = [[at(p), round(w, 1)] for p, w in zip(waited, waits)]
-        out["startup_series"] = [[at(p), round((ready(p) - p["placed"]) * factor, 1)] for p in started]
+        def startup(p: dict) -> float:
+            return round((ready(p) - p["placed"]) * factor, 1)
+
+        counted = {id(p) for p in started}  # a model pod that waited is replayed with its start-up
+        out["wait_series"] = [[at(p), round(w, 1), *([startup(p)] if id(p) in counted else [])]
+                              for p, w in zip(waited, waits)]
+        out["startup_series"] = [[at(p), startup(p)] for p in started]
     return out
 
 

@@ -68,12 +68,13 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
     figures (`simulated` in result.json)."""
     cluster = replace(config, node_provisioning_s=timing["provisioning_s"] or config.node_provisioning_s)
 
-    def series(key: str) -> tuple[tuple[float, float], ...]:
-        values = timing.get(key) or ()
-        if not isinstance(values, list | tuple) or not all(timed_pair(v) for v in values):
-            raise ConfigError(f"node_timings.{key}: expected a list of [scenario seconds, seconds >= 0] "
-                              f"pairs of finite numbers, got {str(values)[:80]}")
-        return tuple((float(t), float(w)) for t, w in values)
+    def series(key: str) -> tuple[tuple[float, ...], ...]:
+        values, waits = timing.get(key) or (), key == "wait_series"
+        if not isinstance(values, list | tuple) or not all(timed_pair(v, with_startup=waits) for v in values):
+            raise ConfigError(f"node_timings.{key}: expected a list of [scenario seconds, seconds >= 0"
+                              f"{', start-up s >= 0 if known' if waits else ''}] of finite numbers, "
+                              f"got {str(values)[:80]}")
+        return tuple(tuple(float(x) for x in v) for v in values)
 
     sim = simulate(cluster, workload, initial,
                    cluster.sim_config(gpu_limits=gpu_limits, node_idle_extra_s=timing["removal_extra_s"] or 0.0,
