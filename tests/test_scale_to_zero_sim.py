@@ -102,6 +102,17 @@ def test_the_release_sees_a_replica_ready_at_the_loops_next_tick(dispatch):
     np.testing.assert_allclose(sim.hold_s, [105.0, 104.0, 133.0, 132.0, 71.0, 70.0])
 
 
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_a_request_held_after_a_replica_turned_ready_wakes_the_loop_which_then_sees_it(dispatch):
+    """As above, with one more critical request at 77 s: held (others are), it wakes the loop at once, whose
+    tick publishes the replica Ready at 75 s, so the release comes at 77 s, not at the next tick (80 s)."""
+    arrival, priority = HELD
+    sim = RequestSim(mixed([*arrival, 77.0], [*priority, 0], 30.0), concurrency=2, slo_s=2.0, tick_s=15.0,
+                     max_hold_s=300.0, dispatch=dispatch, ready_seen_every_s=10.0)
+    wake(sim)
+    np.testing.assert_allclose(sim.hold_s[4:6], [68.0, 67.0])  # released at 77 s (80 s without the wake: 71, 70)
+
+
 def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():
     """The live endpoint counts a request's class when it starts holding it: the wake sees the demand that is
     waiting (0.4 req/s in the tick to 15 s, by class), not what the Ready replicas take. A released request

@@ -35,8 +35,9 @@ than `max_hold_s`, it is dropped (the gateway's 503: never served, an SLO miss).
 `held_requests`, the requests held now; the queue is the replicas' queue only; a held request counts as an
 arrival of its class when its hold starts, as the live endpoint counts it (the demand is seen at once, not
 as the Ready replicas take it). With `ready_seen_every_s` the release sees a replica Ready only from the
-loop's next tick (it ticks that often while requests are held and publishes the Ready count with its
-decision); without, at once.
+loop's next tick (it ticks that often while requests are held, and at once when one more is held, and
+publishes the Ready count with its decision): the period's next tick or the next arrival, whichever comes
+first; without, at once.
 
 Signals at each tick are what the controller would read: arrivals per priority over the last tick (the
 increase of the gateway's request counter), tokens, p99 queue wait and mean service time over the last
@@ -49,6 +50,7 @@ outage: policies/stages/learn.py).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -329,12 +331,30 @@ class RequestSim:
 
     def _seen_at(self, cluster: Cluster, start: float, end: float) -> list[float]:
         """With `ready_seen_every_s` while requests may be held, the loop's ticks in [start, end) at which the
-        release first sees a replica Ready (nothing else happens then)."""
+        release first sees a replica Ready (nothing else happens then): its next tick on the period, or the
+        next arrival if sooner, as a request held wakes the loop at once (a request that arrives while others
+        are held is held)."""
         if self.max_hold_s is None or not self.ready_seen_every_s:
             return []
-        every = self.ready_seen_every_s
-        seen = {math.ceil(r / every) * every for r in cluster.ready_times_between(start - every, end)}
+        every, arr = self.ready_seen_every_s, self._arr
+        seen = set()
+        for r in cluster.ready_times_between(start - every, end):
+            tick = math.ceil(r / every) * every
+            following = bisect.bisect_right(arr, r)
+            seen.add(min(tick, arr[following]) if following < len(arr) else tick)
         return sorted(t for t in seen if start <= t < end)
+
+    def _ready_seen(self, cluster: Cluster, t: float) -> int:
+        """The Ready replicas the loop's latest tick by `t` published: its tick on the period, or one an
+        arrival woke since a replica turned Ready (`_seen_at`)."""
+        every, arr = self.ready_seen_every_s, self._arr
+        assert every
+        tick = math.floor(t / every) * every
+        seen = cluster.ready(tick)
+        for r in cluster.ready_times_between(tick, t):
+            following = bisect.bisect_right(arr, r)
+            seen += following < len(arr) and arr[following] <= t
+        return seen
 
     def _hold(self, j: int, cluster: Cluster, *, at_zero: bool) -> None:
         """Request `j` is held at the gateway until its release (the first at zero names the wake)."""
@@ -360,7 +380,7 @@ class RequestSim:
         queue allowance less the `occupied`: served or queued); `admitted` answers each on its release, and
         an admitted one `join`s the dispatch; one held past `max_hold_s` is dropped."""
         if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
-            ready = min(ready, cluster.ready(math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s))
+            ready = min(ready, self._ready_seen(cluster, t))
         left = room(ready=ready, slots=self.k, per=self._per, occupied=occupied)
         while self._holding and left >= 1:
             j = self._holding.pop()
