@@ -6,7 +6,8 @@
 
 kwok gives pods IPs from a loopback range (the control plane runs it with `--cidr 127.X.0.0/16`), so a
 server bound to a pod's IP is reached exactly where the controller's scrape and queue probe look for it.
-Every `poll_s` the fleet lists the Deployment's pods: a Ready pod with an IP gets a server; a pod that is
+The fleet lists the Deployment's pods on every change its watch of them reports, and every `poll_s` (for a
+watch that ends or fails): a Ready pod with an IP gets a server; a pod that is
 deleted (or being deleted, or no longer Ready) leaves the gateway's list at once and, `drain_delay_s`
 later (a preStop sleep, while the gateway's reload takes effect), its server drains: it refuses new
 connections and finishes what it has. After each change the fleet rewrites Prometheus' file_sd targets and
@@ -40,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 
 from autoscaler.kube.pods import pod_facts
 from loadtest.fakeserver import SCHEDULING_POLICIES, FakeModelServer, RunningServer
@@ -206,19 +207,45 @@ class Fleet:
                 except (ValueError, ProcessLookupError):
                     pass  # nginx not (yet) running: it reads the file when it starts
 
+    async def _nudges(self, nudge: asyncio.Event) -> None:
+        """Nudge the reconciliation on every change to the pods: a pod turning Ready gets its server at once,
+        as a Ready pod's server is up in a cluster (its readiness probe passed), where the poll alone lagged
+        it by up to `poll_s` (at factor 10, 2 s of the scenario, in which the gateway sent the requests meant
+        for it to the other servers' queues). The poll stays, for a watch that ends or fails."""
+        while True:
+            stream = watch.Watch()
+            try:
+                async for _ in stream.stream(self.api.list_namespaced_pod, self.namespace,
+                                             label_selector=self.selector, timeout_seconds=300):
+                    nudge.set()
+            except (client.exceptions.ApiException, OSError, asyncio.TimeoutError, ValueError) as exc:
+                self._event("watch_failed", "", error=str(exc))
+                await asyncio.sleep(self.poll_s)
+            finally:
+                await stream.close()
+
     async def run(self, stop: asyncio.Event) -> None:
         if self.service is not None:
             await self.service.start()
         self.publish()
-        while not stop.is_set():
-            try:
-                await self.sync()
-            except (client.exceptions.ApiException, OSError, asyncio.TimeoutError) as exc:
-                self._event("list_failed", "", error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), self.poll_s)
-            except asyncio.TimeoutError:
-                pass
+        nudge = asyncio.Event()
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: nudge.set())
+        nudges = asyncio.create_task(self._nudges(nudge))
+        try:
+            while not stop.is_set():
+                nudge.clear()
+                try:
+                    await self.sync()
+                except (client.exceptions.ApiException, OSError, asyncio.TimeoutError) as exc:
+                    self._event("list_failed", "", error=str(exc))
+                try:
+                    await asyncio.wait_for(nudge.wait(), self.poll_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            nudges.cancel()
+            stopping.cancel()
         for name, server in list(self.servers.items()):  # the fleet stops: every server drains
             self.draining.add(asyncio.create_task(self._drain(name, server)))
         self.servers.clear()

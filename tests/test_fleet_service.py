@@ -141,3 +141,33 @@ def test_service_only_needs_the_stand_in():
     with pytest.raises(ValueError, match="service_port"):
         Fleet(_OnePod(), namespace="ns", selector="app=m", port=free_port(), concurrency=2, time_scale=0.001,
               service_only=True)
+
+
+def test_a_pod_turning_ready_gets_its_server_at_once_not_at_the_next_poll(cluster, namespace):
+    """Against the real apiserver, with kwok making the pod Ready: the fleet's watch of the pods starts its
+    server within seconds, where its poll (every 60 s here) would come only after a minute."""
+    from kubernetes_asyncio import client, config
+
+    from loadtest.kube.controlplane import model_deployment
+
+    async def scenario() -> float:
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=configuration)
+        async with client.ApiClient(configuration=configuration) as api:
+            fleet = Fleet(client.CoreV1Api(api), namespace=namespace, selector="app=watched", port=free_port(),
+                          concurrency=2, time_scale=0.001, poll_s=60.0)
+            stop = asyncio.Event()
+            running = asyncio.create_task(fleet.run(stop))
+            await asyncio.sleep(1.0)  # the first listing is done: no pod yet
+            status, body = cluster.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                                           model_deployment(namespace, "watched", 1, ready_delay="1s"))
+            assert status == 201, body
+            created = asyncio.get_running_loop().time()
+            while not fleet.servers and asyncio.get_running_loop().time() - created < 30.0:
+                await asyncio.sleep(0.05)
+            took = asyncio.get_running_loop().time() - created
+            stop.set()
+            await running
+            return took
+
+    assert asyncio.run(scenario()) < 15.0
