@@ -154,13 +154,23 @@ class Admission:
         return len(self._admitted_at)
 
     def queue(self, decision: Decision) -> float | None:
-        """The queue now: the latest reading carried forward with this endpoint's own admissions."""
+        """The queue now: the latest reading carried forward with this endpoint's own admissions, never less
+        than what its own admissions leave queued beyond the Ready slots as `occupied` counts them (a fluid
+        drained at the slots' full rate). A reading taken while admitted requests are still on their way to a
+        server misses them, and the carrying forward counts only the admissions after it: a released burst
+        (hundreds of held requests at a wake) would read as an empty queue, and the guard would admit the
+        lower classes into the queues the top class is about to need."""
         reading = self.live_queue()
         if not isinstance(reading, QueueReading):
             return reading  # a tick's value (or nothing): no carrying forward
-        return carried_queue(queue=reading.queue, in_flight=reading.in_flight, admitted=self._admitted_since(reading),
-                             slots=decision.saturation_slots, drain_per_s=decision.saturation_drain_per_s,
-                             elapsed_s=self.clock.now() - reading.at)
+        carried = carried_queue(queue=reading.queue, in_flight=reading.in_flight,
+                                admitted=self._admitted_since(reading), slots=decision.saturation_slots,
+                                drain_per_s=decision.saturation_drain_per_s, elapsed_s=self.clock.now() - reading.at)
+        latest = self.board.latest
+        drain = self._drain_per_s(latest) if latest is not None else 0.0
+        if drain <= 0:  # no drain known: the fluid would only grow
+            return carried
+        return max(carried, self._ledger.now(self.clock.now(), drain) - decision.saturation_slots)
 
     def busy(self, decision: Decision) -> float | None:
         """The requests in the servers now, served or queued: the latest reading carried forward with this

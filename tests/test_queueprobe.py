@@ -147,3 +147,39 @@ def test_a_replica_the_controller_sees_ready_is_read_at_the_next_probe():
         first, unseen, seen, lists = asyncio.run(go())
     assert (first, unseen, seen) == (3, 3, 12)
     assert lists == 2  # the first listing and the one for the change; none while the count stays
+
+
+def test_a_reading_that_misses_requests_on_their_way_is_floored_by_the_endpoints_own_admissions():
+    """A released burst: 24 requests admitted to one 8-slot replica just before a reading that shows none of
+    them yet (still on their way to the server: 0 waiting, 0 running). Carried forward, the reading counts only
+    the admissions after it, and the guard would see an empty queue; the endpoint's own admissions, drained at
+    the slots' full rate (4 req/s), leave 24 - 8 = 16 queued, so a standard request (depth 6) is shed. Once the
+    fluid drains (4 s), the next reading decides again."""
+    with fake_model_server() as server:
+        post_json(f"{server}/admin/state", {"waiting": 0, "running": 0})
+
+        async def go():
+            clock = ManualClock(100.0)
+            board = DecisionBoard()
+            decision = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6},
+                                saturation_slots=8, saturation_drain_per_s=4.0)
+            await board.publish(Published(decision, 1, 0.0, 0.0, ready_replicas=1))
+            async with aiohttp.ClientSession() as session:
+                probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
+                                   in_flight_metric="vllm:num_requests_running", clock=clock)
+                admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p",
+                                      default_class="standard", retry_after_s=1, live_queue=probe.reading,
+                                      clock=clock, replica_slots=8)
+                burst = [admission.rejection("critical") for _ in range(24)]
+                await clock.advance(0.01)
+                await probe.sample_once()  # the burst is not at the server yet
+                floored, standard = admission.queue(decision), admission.rejection("standard")
+                await clock.advance(4.0)
+                await probe.sample_once()
+                drained = admission.queue(decision)
+                return burst, floored, standard, drained
+
+        burst, floored, standard, drained = asyncio.run(go())
+    assert burst == [None] * 24  # the top class is never shed
+    assert 15.9 < floored <= 16.0 and "saturated: queue 16 >= 6 for standard" in standard
+    assert drained == 0
