@@ -9,6 +9,7 @@ import pytest
 
 from autoscaler.sim.cluster import ClusterModel, SimCluster
 from autoscaler.sim.dispatch import DISPATCHES
+from autoscaler.sim.guard import Guard
 from autoscaler.sim.hold import Holds
 from autoscaler.sim.rate import RateSim
 from autoscaler.sim.request import RequestSim
@@ -111,6 +112,29 @@ def test_a_request_held_after_a_replica_turned_ready_wakes_the_loop_which_then_s
                      max_hold_s=300.0, dispatch=dispatch, ready_seen_every_s=10.0)
     wake(sim)
     np.testing.assert_allclose(sim.hold_s[4:6], [68.0, 67.0])  # released at 77 s (80 s without the wake: 71, 70)
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_a_release_meets_the_guard_with_its_own_queue_and_depths_for_the_replicas_it_counts(dispatch):
+    """Four critical and ten standard requests held; three replicas of 2 slots Ready at 75 s, while the guard's
+    decision was made with one (depth 1 for standard, 2 slots: an allowance of 1 a replica), so the release
+    takes 3 x (2 + 1) = 9. The four critical go, then standard as the queue the release counts stays below the
+    depth for three replicas (3): five. Judged by the decision's depth for one replica, the third would have met
+    a queue of 1 and every standard request held would have been shed at once (the release goes on past a
+    shed one); the live loop decides again on each held arrival, with the replicas Ready then."""
+    sim = RequestSim(mixed([5.0, 6.0, 7.0, 8.0, *np.arange(9.0, 19.0)], [0] * 4 + [1] * 10, 30.0), concurrency=2,
+                     slo_s=2.0, tick_s=15.0, max_hold_s=300.0, dispatch=dispatch)
+    guard = Guard({"standard": 1}, slots=2, drain_per_s=2 / 30.0)
+    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
+    for now in np.arange(0.0, 90.0, 15.0):
+        cluster.advance(now)
+        sim.signals(now, cluster)
+        if now == 15.0:
+            cluster.scale_to(3)
+        sim.serve(now, now + 15.0, cluster, {}, guard)
+    released = np.flatnonzero(np.isclose(sim.w.arrival_s + sim.hold_s, 75.0))
+    assert not sim.shed.any()
+    assert sorted(released) == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # at 75 s: the four critical and five standard
 
 
 def test_a_held_request_counts_as_an_arrival_when_its_hold_starts():

@@ -227,12 +227,13 @@ class RequestSim:
         if guard.slots > 0:
             self._per = guard.per_replica(k)
 
-        def admitted(j: int, t: float, released: bool = False) -> bool:
+        def admitted(j: int, t: float, released: tuple[float, int] | None = None) -> bool:
             return self._admitted(j, t, levels=levels, any_shed=any_shed, depth=depth, guard=guard, released=released)
 
         def release(t: float) -> None:
             self._release(t, cluster, ready=cap // k, occupied=len(queue) + busy,
-                          admitted=lambda j, at: admitted(j, at, released=True), join=lambda j, _: queue.append(j))
+                          admitted=lambda j, at, queued: admitted(j, at, released=queued),
+                          join=lambda j, _: queue.append(j))
 
         if self._holding and cap > 0:
             release(start)
@@ -370,14 +371,16 @@ class RequestSim:
         requests in it."""
         levels, any_shed, depth, guard = admission
         self._release(t, cluster, ready=len(servers.ready), occupied=len(servers) + servers.busy,
-                      admitted=lambda j, at: self._admitted(j, at, levels=levels, any_shed=any_shed, depth=depth,
-                                                            guard=guard, released=True),
+                      admitted=lambda j, at, queued: self._admitted(j, at, levels=levels, any_shed=any_shed,
+                                                                    depth=depth, guard=guard, released=queued),
                       join=servers.join)
 
     def _release(self, t: float, cluster: Cluster, *, ready: int, occupied: int,
-                 admitted: Callable[[int, float], bool], join: Callable[[int, float], None]) -> None:
+                 admitted: Callable[[int, float, tuple[float, int]], bool],
+                 join: Callable[[int, float], None]) -> None:
         """Held requests leave at `t`, in order, as far as the `ready` replicas take them (their slots and
-        queue allowance less the `occupied`: served or queued); `admitted` answers each on its release, and
+        queue allowance less the `occupied`: served or queued); `admitted` answers each on its release, given
+        the queue the release counts (what is occupied beyond the Ready slots) and those Ready replicas, and
         an admitted one `join`s the dispatch; one held past `max_hold_s` is dropped."""
         if self.ready_seen_every_s:  # the Ready count the endpoint got at the loop's latest tick
             ready = min(ready, self._ready_seen(cluster, t))
@@ -387,9 +390,10 @@ class RequestSim:
             self.hold_s[j] = t - self._arr[j]
             if self.max_hold_s is not None and t - self._arr[j] > self.max_hold_s:
                 self.hold_s[j], self.dropped[j] = self.max_hold_s, True
-            elif admitted(j, t):
+            elif admitted(j, t, (max(0.0, occupied - ready * self.k), ready)):
                 join(j, t)
                 left -= 1
+                occupied += 1
 
     def _probe(self, t: float, *, queued: int, busy: int) -> None:
         """The admission endpoint's reading of the servers, every `probe_s`."""
@@ -398,23 +402,35 @@ class RequestSim:
             self._next_probe = (t // self.probe_s + 1) * self.probe_s
 
     def _admitted(self, j: int, t: float, *, levels: list[float], any_shed: bool, depth: list[float],
-                  guard: Guard, released: bool = False) -> bool:
+                  guard: Guard, released: tuple[float, int] | None = None) -> bool:
         """The shed levels and the saturation guard, as the endpoint answers a request (or a held one on its
-        release); an admitted request counts in the endpoint's view of the queue."""
-        if self._prio[j] == 0 and not released:
+        release); an admitted request counts in the endpoint's view of the queue. `released`: a held request on
+        its release, with the queue the release counted and its Ready replicas. The endpoint's guard sees that
+        queue (its own admissions beyond the Ready slots are its floor, and the reading before the release is
+        of the moment before it), against depths for those Ready replicas: while requests are held the loop
+        decides again on each one that arrives, where the twin's decision, and its depths, are the tick's."""
+        if self._prio[j] == 0 and released is None:
             self._top.add(t)
         if any_shed and self._u[j] < levels[self._prio[j]]:
             self.shed[j] = True
             return False
         if depth[self._prio[j]] < INF:
-            seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
-                                 slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
-            overrun = not released and overrun_rejects(queue=seen) and self._top.outruns(t, guard.drain_per_s)
-            if seen >= depth[self._prio[j]] or overrun or (not released and self._reserved(t, guard)):
+            seen = self._released_queue(released, guard) if released is not None else carried_queue(
+                queue=self._probed[0], in_flight=self._probed[1], admitted=self._since, slots=guard.slots,
+                drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
+            overrun = released is None and overrun_rejects(queue=seen) and self._top.outruns(t, guard.drain_per_s)
+            if seen >= depth[self._prio[j]] or overrun or (released is None and self._reserved(t, guard)):
                 self.shed[j] = True
                 return False
         self._since += 1
         return True
+
+    def _released_queue(self, released: tuple[float, int], guard: Guard) -> float:
+        """The queue a release counted, scaled to the Ready replicas the decision's depths are for (the
+        decision's depth per Ready replica, times the replicas Ready at the release)."""
+        queued, ready = released
+        decided = guard.slots / self.k
+        return queued * decided / ready if decided > 0 and ready > 0 else queued
 
     def _reserved(self, t: float, guard: Guard) -> bool:
         """The slots kept for the top class are all that is free: the reading's queue and busy slots, carried
