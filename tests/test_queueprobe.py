@@ -63,6 +63,22 @@ def test_probe_sums_pods_drives_the_guard_and_never_reports_partial_sums():
     assert kept is refused and stale is None  # the 404 published nothing: the reading before it stays
 
 
+# one Ready replica of 8 slots, completing 4 req/s, standard rejected at a queue of 6 and sheddable at 3
+ONE_REPLICA = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6}, saturation_slots=8,
+                       saturation_drain_per_s=4.0)
+
+
+async def one_replica(session, server, clock, **admission):
+    """The probe of `server` (waiting and running) and the endpoint guarding with it, on a board that holds
+    `ONE_REPLICA` with its replica Ready."""
+    board = DecisionBoard()
+    await board.publish(Published(ONE_REPLICA, 1, 0.0, 0.0, ready_replicas=1))
+    probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
+                       in_flight_metric="vllm:num_requests_running", clock=clock)
+    return probe, Admission(board, priorities=dict(PRIORITY_CLASSES), header="p", default_class="standard",
+                            retry_after_s=1, live_queue=probe.reading, clock=clock, **admission)
+
+
 def test_between_readings_the_guard_counts_its_own_admissions():
     """A burst inside one probe interval: the reading (no queue, 6 of 8 slots running) is carried forward
     with what the endpoint admitted since, less the 2 free slots and the drain (4 req/s), so the guard
@@ -71,18 +87,10 @@ def test_between_readings_the_guard_counts_its_own_admissions():
         post_json(f"{server}/admin/state", {"waiting": 0, "running": 6})
         async def go():
             clock = ManualClock(100.0)
-            board = DecisionBoard()
-            decision = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6},
-                                saturation_slots=8, saturation_drain_per_s=4.0)
-            await board.publish(Published(decision, 1, 0.0, 0.0))
             async with aiohttp.ClientSession() as session:
-                probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
-                                   in_flight_metric="vllm:num_requests_running", clock=clock)
+                probe, admission = await one_replica(session, server, clock)
                 await probe.sample_once()
                 reading = probe.reading()
-                admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p",
-                                      default_class="standard", retry_after_s=1, live_queue=probe.reading,
-                                      clock=clock)
                 burst = [admission.rejection("sheddable") for _ in range(8)]
                 critical = admission.rejection("critical")
                 standard = admission.rejection("standard")
@@ -91,7 +99,7 @@ def test_between_readings_the_guard_counts_its_own_admissions():
                 post_json(f"{server}/admin/state", {"waiting": 9, "running": 8})
                 await clock.advance(0.1)
                 await probe.sample_once()
-                fresh = admission.queue(decision)
+                fresh = admission.queue(ONE_REPLICA)
                 return reading, burst, critical, standard, after, fresh
 
         reading, burst, critical, standard, after, fresh = asyncio.run(go())
@@ -160,23 +168,15 @@ def test_a_reading_that_misses_requests_on_their_way_is_floored_by_the_endpoints
 
         async def go():
             clock = ManualClock(100.0)
-            board = DecisionBoard()
-            decision = Decision(replicas=1, saturation_queue_depth={"sheddable": 3, "standard": 6},
-                                saturation_slots=8, saturation_drain_per_s=4.0)
-            await board.publish(Published(decision, 1, 0.0, 0.0, ready_replicas=1))
             async with aiohttp.ClientSession() as session:
-                probe = QueueProbe(session, Static({"a": f"{server}/metrics"}), "vllm:num_requests_waiting",
-                                   in_flight_metric="vllm:num_requests_running", clock=clock)
-                admission = Admission(board, priorities=dict(PRIORITY_CLASSES), header="p",
-                                      default_class="standard", retry_after_s=1, live_queue=probe.reading,
-                                      clock=clock, replica_slots=8)
+                probe, admission = await one_replica(session, server, clock, replica_slots=8)
                 burst = [admission.rejection("critical") for _ in range(24)]
                 await clock.advance(0.01)
                 await probe.sample_once()  # the burst is not at the server yet
-                floored, standard = admission.queue(decision), admission.rejection("standard")
+                floored, standard = admission.queue(ONE_REPLICA), admission.rejection("standard")
                 await clock.advance(4.0)
                 await probe.sample_once()
-                drained = admission.queue(decision)
+                drained = admission.queue(ONE_REPLICA)
                 return burst, floored, standard, drained
 
         burst, floored, standard, drained = asyncio.run(go())

@@ -56,8 +56,9 @@ def mixed(arrival_s, priority, service_s):
                            priority=np.asarray(priority, dtype=int), uniform=np.full(n, 0.99), span_s=200.0)
 
 
-def wake(sim, *, until_s=200.0, probe=None):
-    """At zero; one replica (2 slots) ordered at 15 s is Ready at 75 s. `probe(now, signals)` each tick."""
+def wake(sim, *, until_s=200.0, probe=None, replicas=1, guard=None):
+    """At zero; `replicas` (one: 2 slots) ordered at 15 s are Ready at 75 s. `probe(now, signals)` each tick;
+    `guard`: the saturation guard of every tick's decision."""
     cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
     for now in np.arange(0.0, until_s, 15.0):
         cluster.advance(now)
@@ -65,8 +66,8 @@ def wake(sim, *, until_s=200.0, probe=None):
         if probe is not None:
             probe(now, signals)
         if now == 15.0:
-            cluster.scale_to(1)
-        sim.serve(now, now + 15.0, cluster, {})
+            cluster.scale_to(replicas)
+        sim.serve(now, now + 15.0, cluster, {}, guard)
     sim.finish(until_s)
     return sim.outcome()
 
@@ -124,14 +125,7 @@ def test_a_release_meets_the_guard_with_its_own_queue_and_depths_for_the_replica
     shed one); the live loop decides again on each held arrival, with the replicas Ready then."""
     sim = RequestSim(mixed([5.0, 6.0, 7.0, 8.0, *np.arange(9.0, 19.0)], [0] * 4 + [1] * 10, 30.0), concurrency=2,
                      slo_s=2.0, tick_s=15.0, max_hold_s=300.0, dispatch=dispatch)
-    guard = Guard({"standard": 1}, slots=2, drain_per_s=2 / 30.0)
-    cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
-    for now in np.arange(0.0, 90.0, 15.0):
-        cluster.advance(now)
-        sim.signals(now, cluster)
-        if now == 15.0:
-            cluster.scale_to(3)
-        sim.serve(now, now + 15.0, cluster, {}, guard)
+    wake(sim, until_s=90.0, replicas=3, guard=Guard({"standard": 1}, slots=2, drain_per_s=2 / 30.0))
     released = np.flatnonzero(np.isclose(sim.w.arrival_s + sim.hold_s, 75.0))
     assert not sim.shed.any()
     assert sorted(released) == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # at 75 s: the four critical and five standard
@@ -280,14 +274,7 @@ def test_with_two_replicas_the_held_requests_go_one_to_each_as_the_replicas_take
     for dispatch in DISPATCHES:
         sim = RequestSim(mixed(*HELD, 30.0), concurrency=1, slo_s=2.0, tick_s=15.0, max_hold_s=300.0,
                          dispatch=dispatch)
-        cluster = SimCluster.started(MODEL, replicas=0, now=0.0)
-        for now in np.arange(0.0, 200.0, 15.0):
-            cluster.advance(now)
-            sim.signals(now, cluster)
-            if now == 15.0:
-                cluster.scale_to(2)
-            sim.serve(now, now + 15.0, cluster, {})
-        sim.finish(200.0)
+        wake(sim, replicas=2)
         holds[dispatch] = sim.hold_s.copy()
         np.testing.assert_allclose(sim.hold_s, [100.0, 99.0, 128.0, 127.0, 66.0, 65.0])
     np.testing.assert_array_equal(holds["shared"], holds["least-conn"])
