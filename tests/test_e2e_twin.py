@@ -71,6 +71,24 @@ def test_the_twin_replays_the_node_waits_and_start_ups_a_run_recorded(tmp_path):
     assert out["hold"]["hold_p50_s"] < doc["simulated"]["hold"]["hold_p50_s"]
 
 
+def test_with_from_lifetimes_the_series_are_derived_again_from_the_folders_lifetimes(tmp_path, capsys):
+    """The same wake as above, kept as the pods' and nodes' lifetimes (wall clock, factor 10, started at 1000 s)
+    and not in result.json: `--from-lifetimes` replays it; a folder without lifetimes.jsonl is a clear error."""
+    doc = recorded(tmp_path)
+    (tmp_path / "result.json").write_text(json.dumps({**doc, "started_at": 1000.0}))
+    wake = 1000.0 + 35 * 60.0 / 10
+    rows = [{"kind": "node", "uid": "n", "name": "node-a", "created": wake + 10.0, "ready": None, "gone": None}]
+    rows += [{"kind": "model", "uid": f"p{i}", "name": f"p{i}", "created": wake + i / 10, "placed": wake + 34.0,
+              "node": "node-a", "ready": wake + 44.6, "ready_at": wake + 44.5, "gone": None} for i in range(8)]
+    (tmp_path / "lifetimes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain, derived = twin.rerun(tmp_path), twin.rerun(tmp_path, from_lifetimes=True)
+    assert plain["recomputed"] == plain["recorded"]
+    assert derived["recomputed"]["critical"] > plain["recorded"]["critical"] + 0.02
+    (tmp_path / "lifetimes.jsonl").unlink()
+    assert twin.main([str(tmp_path), "--from-lifetimes"]) == 2
+    assert "lifetimes.jsonl" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", [[[1.0, None]], [[1.0]], [[1.0, -5.0]], [["a", 1.0]], "x", [[1.0, float("nan")]]])
 def test_a_malformed_series_in_a_folder_is_a_clear_error(tmp_path, capsys, bad):
     doc = recorded(tmp_path, name="short-burst")

@@ -14,6 +14,10 @@ change). What-ifs on the same requests and node timings: `--dispatch least-conn`
 (nginx's least_conn), `--policy-set FIELD=VALUE` (repeatable) changes a policy field, e.g.
 
     python -m loadtest.e2e.twin DIR --dispatch least-conn --policy-set gateway_queues=per-replica
+
+`--from-lifetimes` replays the wait and start-up series derived again from the folder's `lifetimes.jsonl`
+(kept from 6c8440d) with the harness's code as it is now, e.g. a run recorded before node waits carried
+their pod's start-up.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from autoscaler.sim.workload import WorkloadConfig, build
 from loadtest import scenarios
 from loadtest.bench import policy_overrides
 from loadtest.e2e.config import E2EConfig
-from loadtest.e2e.figures import simulated_figures
+from loadtest.e2e.figures import node_timings, simulated_figures
+from loadtest.e2e.fleettrace import read_lifetimes
 from loadtest.loadgen import Request
 from policies import decide, initial_state
 
@@ -83,7 +88,8 @@ def twin(config: E2EConfig, workload, initial: int, timing: dict, *,
     return sim, {**simulated_figures(sim), "node_timings": timing}
 
 
-def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str, Any] | None = None) -> dict:
+def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str, Any] | None = None,
+          from_lifetimes: bool = False) -> dict:
     """Recompute the twin of the run whose result.json is in `folder` (a single-model scenario without GPU-limit
     actions); the live figures, the recorded twin's and the recomputed twin's. `dispatch`, `policy`: the twin's
     gateway queues and policy fields over the scenario's (what-ifs)."""
@@ -97,7 +103,14 @@ def rerun(folder: Path, *, dispatch: Dispatch | None = None, policy: Mapping[str
     initial = initial_replicas(needed_replicas(workload, config.sim_config()), config.sim_config())
     if initial != doc["initial_replicas"]:
         raise ValueError(f"{folder}: the run started from {doc['initial_replicas']} replicas, the twin from {initial}")
-    _, simulated = twin(config, workload, initial, doc["simulated"]["node_timings"])
+    timing = doc["simulated"]["node_timings"]
+    if from_lifetimes:
+        if not (folder / "lifetimes.jsonl").is_file():
+            raise ConfigError(f"{folder}: no lifetimes.jsonl (kept by runs from 6c8440d) to derive the series from")
+        lifetimes = read_lifetimes(folder / "lifetimes.jsonl")
+        derived = node_timings(lifetimes, factor=doc["factor"], idle_s=config.node_idle_s, start=doc["started_at"])
+        timing = {**timing, "wait_series": derived["wait_series"], "startup_series": derived["startup_series"]}
+    _, simulated = twin(config, workload, initial, timing)
     return {"folder": str(folder), "scenario": doc["scenario"], "live": _pick(doc), "recorded": _pick(doc["simulated"]),
             "recomputed": _pick(simulated), "hold": simulated.get("hold")}
 
@@ -124,12 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--dispatch", choices=DISPATCHES, default=None,
                    help="the twin's gateway queues (default: the scenario's)")
+    p.add_argument("--from-lifetimes", action="store_true",
+                   help="derive the wait and start-up series again from the folder's lifetimes.jsonl")
     p.add_argument("--policy-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="one policy field (YAML value) over the scenario's; repeatable")
     args = p.parse_args(argv)
     try:
         policy = policy_overrides(argparse.Namespace(policy_config=None, policy_set=args.policy_set))
-        results = [rerun(folder, dispatch=args.dispatch, policy=policy) for folder in args.folders]
+        results = [rerun(folder, dispatch=args.dispatch, policy=policy, from_lifetimes=args.from_lifetimes)
+                   for folder in args.folders]
     except (ConfigError, ValidationError) as e:
         print(f"python -m loadtest.e2e.twin: {e}", file=sys.stderr)
         return 2
