@@ -405,19 +405,20 @@ class RequestSim:
                   guard: Guard, released: tuple[float, int] | None = None) -> bool:
         """The shed levels and the saturation guard, as the endpoint answers a request (or a held one on its
         release); an admitted request counts in the endpoint's view of the queue. `released`: a held request on
-        its release, with the queue the release counted and its Ready replicas. The endpoint's guard sees that
-        queue (its own admissions beyond the Ready slots are its floor, and the reading before the release is
-        of the moment before it), against depths for those Ready replicas: while requests are held the loop
-        decides again on each one that arrives, where the twin's decision, and its depths, are the tick's."""
+        its release, with the queue the release counted and its Ready replicas. The endpoint's guard sees the
+        reading carried forward, never less than that queue (its own admissions beyond the Ready slots), against
+        depths for those Ready replicas: while requests are held the loop decides again on each one that
+        arrives, where the twin's decision, and its depths, are the tick's."""
         if self._prio[j] == 0 and released is None:
             self._top.add(t)
         if any_shed and self._u[j] < levels[self._prio[j]]:
             self.shed[j] = True
             return False
         if depth[self._prio[j]] < INF:
-            seen = self._released_queue(released, guard) if released is not None else carried_queue(
-                queue=self._probed[0], in_flight=self._probed[1], admitted=self._since, slots=guard.slots,
-                drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
+            seen = carried_queue(queue=self._probed[0], in_flight=self._probed[1], admitted=self._since,
+                                 slots=guard.slots, drain_per_s=guard.drain_per_s, elapsed_s=t - self._probed[2])
+            if released is not None:
+                seen = self._released_queue(max(seen, released[0]), released[1], guard)
             overrun = released is None and overrun_rejects(queue=seen) and self._top.outruns(t, guard.drain_per_s)
             if seen >= depth[self._prio[j]] or overrun or (released is None and self._reserved(t, guard)):
                 self.shed[j] = True
@@ -425,10 +426,9 @@ class RequestSim:
         self._since += 1
         return True
 
-    def _released_queue(self, released: tuple[float, int], guard: Guard) -> float:
-        """The queue a release counted, scaled to the Ready replicas the decision's depths are for (the
-        decision's depth per Ready replica, times the replicas Ready at the release)."""
-        queued, ready = released
+    def _released_queue(self, queued: float, ready: int, guard: Guard) -> float:
+        """`queued` at a release, scaled to the Ready replicas the decision's depths are for (the decision's
+        depth per Ready replica, times the `ready` replicas the release counts)."""
         decided = guard.slots / self.k
         return queued * decided / ready if decided > 0 and ready > 0 else queued
 
