@@ -337,25 +337,23 @@ class RequestSim:
         are held is held)."""
         if self.max_hold_s is None or not self.ready_seen_every_s:
             return []
-        every, arr = self.ready_seen_every_s, self._arr
-        seen = set()
-        for r in cluster.ready_times_between(start - every, end):
-            tick = math.ceil(r / every) * every
-            following = bisect.bisect_right(arr, r)
-            seen.add(min(tick, arr[following]) if following < len(arr) else tick)
+        seen = {self._published_at(r) for r in cluster.ready_times_between(start - self.ready_seen_every_s, end)}
         return sorted(t for t in seen if start <= t < end)
 
-    def _ready_seen(self, cluster: Cluster, t: float) -> int:
-        """The Ready replicas the loop's latest tick by `t` published: its tick on the period, or one an
-        arrival woke since a replica turned Ready (`_seen_at`)."""
+    def _published_at(self, ready_s: float) -> float:
+        """When the loop publishes a replica that turned Ready at `ready_s`: at its next tick on the period, or
+        at the next arrival if sooner (a request held wakes the loop at once)."""
         every, arr = self.ready_seen_every_s, self._arr
         assert every
-        tick = math.floor(t / every) * every
-        seen = cluster.ready(tick)
-        for r in cluster.ready_times_between(tick, t):
-            following = bisect.bisect_right(arr, r)
-            seen += following < len(arr) and arr[following] <= t
-        return seen
+        tick = math.ceil(ready_s / every) * every
+        following = bisect.bisect_right(arr, ready_s)
+        return min(tick, arr[following]) if following < len(arr) else tick
+
+    def _ready_seen(self, cluster: Cluster, t: float) -> int:
+        """The Ready replicas the loop's latest tick by `t` published (`_published_at`)."""
+        assert self.ready_seen_every_s
+        tick = math.floor(t / self.ready_seen_every_s) * self.ready_seen_every_s
+        return cluster.ready(tick) + sum(self._published_at(r) <= t for r in cluster.ready_times_between(tick, t))
 
     def _hold(self, j: int, cluster: Cluster, *, at_zero: bool) -> None:
         """Request `j` is held at the gateway until its release (the first at zero names the wake)."""
